@@ -1,0 +1,34 @@
+"""tp-store: PyTorch-compatible key/value stores in pure Python."""
+
+from .__about__ import __version__
+from .base import DEFAULT_TIMEOUT, Store
+from .errors import (
+    ProtocolError,
+    QueueEmptyError,
+    StoreConnectionError,
+    StoreError,
+    StoreTimeoutError,
+)
+from .file_store import FileStore
+from .hash_store import HashStore
+from .prefix_store import PrefixStore
+from .protocol import Limits
+from .server import StoreServer
+from .tcp_store import TCPStore
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "FileStore",
+    "HashStore",
+    "Limits",
+    "PrefixStore",
+    "ProtocolError",
+    "QueueEmptyError",
+    "Store",
+    "StoreConnectionError",
+    "StoreError",
+    "StoreServer",
+    "StoreTimeoutError",
+    "TCPStore",
+    "__version__",
+]

@@ -1,0 +1,178 @@
+"""The ``Store`` interface shared by every key/value store.
+
+The method names, arguments and results are PyTorch's ``c10d::Store``: keys and
+values are accepted as ``str`` or ``bytes``, values come back as ``bytes``,
+blocking operations honour the store's default timeout unless given one.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import TypeVar, Union
+
+#: What callers may pass where PyTorch takes a ``timedelta``.
+Timeout = Union[timedelta, float, int]
+#: What callers may pass as a key or a value.
+Data = Union[str, bytes]
+
+_StoreT = TypeVar("_StoreT", bound="Store")
+
+#: PyTorch's default store timeout.
+DEFAULT_TIMEOUT = timedelta(seconds=300)
+
+
+def as_timedelta(timeout: Timeout, what: str = "timeout") -> timedelta:
+    """Normalise a ``timedelta`` or a number of seconds; reject negatives and NaN."""
+    if isinstance(timeout, timedelta):
+        value = timeout
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        if math.isnan(timeout) or math.isinf(timeout):
+            raise ValueError(f"{what} must be a finite number of seconds, got {timeout!r}")
+        value = timedelta(seconds=timeout)
+    else:
+        raise TypeError(f"{what} must be a timedelta or seconds as a number, got {timeout!r}")
+    if value < timedelta(0):
+        raise ValueError(f"{what} must not be negative, got {value}")
+    return value
+
+
+def as_bytes(data: Data, what: str = "value") -> bytes:
+    """Encode a ``str`` as UTF-8; pass ``bytes`` (and bytes-likes) through."""
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"{what} must be str or bytes, got {type(data).__name__}")
+
+
+class Store(abc.ABC):
+    """A key/value store with blocking waits, counters, queues and barriers."""
+
+    def __init__(self, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
+        self._timeout = as_timedelta(timeout)
+
+    # -- configuration -----------------------------------------------------
+    @property
+    def timeout(self) -> timedelta:
+        """The default timeout of blocking operations."""
+        return self._timeout
+
+    def set_timeout(self, timeout: Timeout) -> None:
+        """Change the default timeout of blocking operations."""
+        self._timeout = as_timedelta(timeout)
+
+    def _deadline_seconds(self, timeout: Timeout | None) -> float:
+        return (self._timeout if timeout is None else as_timedelta(timeout)).total_seconds()
+
+    def has_extended_api(self) -> bool:
+        """Whether append, multi_get, multi_set and queues are supported (always)."""
+        return True
+
+    # -- the core operations -----------------------------------------------
+    @abc.abstractmethod
+    def set(self, key: Data, value: Data) -> None:
+        """Store ``value`` under ``key``, waking anyone waiting for it."""
+
+    @abc.abstractmethod
+    def get(self, key: Data) -> bytes:
+        """Return the value of ``key``, waiting up to the timeout for it to exist."""
+
+    @abc.abstractmethod
+    def add(self, key: Data, amount: int) -> int:
+        """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
+
+    @abc.abstractmethod
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """Set ``key`` to ``desired`` iff it holds ``expected``; return the value after.
+
+        A missing key with an empty ``expected`` is created; a missing key with a
+        non-empty ``expected`` is left missing and ``expected`` is returned.
+        """
+
+    @abc.abstractmethod
+    def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
+        """Block until every key exists, or raise ``StoreTimeoutError``."""
+
+    @abc.abstractmethod
+    def check(self, keys: Sequence[Data]) -> bool:
+        """Whether every key exists, without blocking."""
+
+    @abc.abstractmethod
+    def delete_key(self, key: Data) -> bool:
+        """Delete ``key``; return whether it existed."""
+
+    @abc.abstractmethod
+    def num_keys(self) -> int:
+        """The number of keys held (including internal ones such as ``init/``)."""
+
+    @abc.abstractmethod
+    def append(self, key: Data, value: Data) -> None:
+        """Append ``value`` to the value of ``key``, creating it if missing."""
+
+    @abc.abstractmethod
+    def list_keys(self) -> list[str]:
+        """The user keys held, as ``str``."""
+
+    @abc.abstractmethod
+    def queue_push(self, key: Data, value: Data) -> None:
+        """Push ``value`` onto the queue at ``key``, waking one blocked popper."""
+
+    @abc.abstractmethod
+    def queue_pop(self, key: Data, block: bool = True) -> bytes:
+        """Pop the oldest value of the queue at ``key``.
+
+        With ``block`` it waits up to the timeout for a value; without, an empty
+        queue raises ``QueueEmptyError``.
+        """
+
+    @abc.abstractmethod
+    def queue_len(self, key: Data) -> int:
+        """The number of values in the queue at ``key``."""
+
+    @abc.abstractmethod
+    def clone(self) -> Store:
+        """A new handle on the same data, safe to use from another thread."""
+
+    # -- operations with a generic implementation ----------------------------
+    def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
+        """The values of all ``keys``, waiting for all of them to exist."""
+        self.wait(keys)
+        return [self.get(key) for key in keys]
+
+    def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
+        """Set every key to its value, in order."""
+        if len(keys) != len(values):
+            raise ValueError(
+                f"multi_set needs as many values as keys, got {len(keys)} keys "
+                f"and {len(values)} values"
+            )
+        for key, value in zip(keys, values):
+            self.set(key, value)
+
+    def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
+        """Block until ``world_size`` callers have reached the barrier ``key``."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        done_key = as_bytes(key, "key") + b"/done"
+        if self.add(key, 1) >= world_size:
+            self.set(done_key, b"1")
+        self.wait([done_key], timeout)
+
+    # -- lifetime --------------------------------------------------------------
+    def close(self) -> None:  # noqa: B027 - stores without resources need nothing
+        """Release the connection or server this handle owns, if any."""
+
+    def __enter__(self: _StoreT) -> _StoreT:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

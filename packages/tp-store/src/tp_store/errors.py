@@ -1,0 +1,39 @@
+"""Exceptions raised by every store.
+
+They subclass ``RuntimeError`` (as PyTorch's ``DistStoreError`` does) so code
+written against PyTorch keeps catching them, and the standard ``TimeoutError``
+and ``ConnectionError`` so plain Python code can catch them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class StoreError(RuntimeError):
+    """Base class of every error a store raises."""
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A blocking operation did not finish before its timeout."""
+
+    def __init__(self, message: str, keys: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.keys: tuple[str, ...] = tuple(keys)
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """The store could not be reached, or the connection to it broke."""
+
+    def __init__(self, message: str, host: str = "", port: int = 0) -> None:
+        super().__init__(message)
+        self.host = host
+        self.port = port
+
+
+class QueueEmptyError(StoreError):
+    """``queue_pop(key, block=False)`` found the queue empty."""
+
+
+class ProtocolError(ValueError):
+    """Bytes that do not form a valid TCPStore message (raised by the codec)."""

@@ -1,0 +1,380 @@
+"""The TCPStore server: a thin asyncio layer around the codec and the state.
+
+Each connection parses its byte stream with :class:`~tp_store.protocol.RequestParser`
+and applies requests to one shared :class:`~tp_store.state.StoreState`. Anything
+malformed closes that connection only, with a log line. Names are never
+resolved on the accept path, so bursts of connections are not stalled by DNS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import errno
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from typing import TypeVar, cast
+
+from .protocol import (
+    EXTENSION_ACCEPT,
+    EXTENSION_OFFER,
+    Add,
+    Append,
+    Barrier,
+    CancelWait,
+    Check,
+    CheckReply,
+    CompareSet,
+    DeleteKey,
+    Get,
+    GetNumKeys,
+    Limits,
+    ListKeys,
+    MultiGet,
+    MultiSet,
+    Ping,
+    QueueLen,
+    QueuePop,
+    QueuePush,
+    Request,
+    RequestParser,
+    Set,
+    Validate,
+    Wait,
+    WaitGet,
+    WaitReply,
+    encode_bytes,
+    encode_i64,
+    encode_key_list,
+    encode_queue_pop,
+    encode_u8,
+    encode_u32,
+    encode_values,
+    encode_wait_get,
+)
+from .errors import ProtocolError
+from .state import BarrierWaiter, StoreState, Waiter
+
+log = logging.getLogger("tp_store.server")
+
+#: Listen backlog: a job's nodes connect at once; the kernel caps it at somaxconn.
+DEFAULT_BACKLOG = 4096
+
+_STOP_WAITING = encode_u8(WaitReply.STOP_WAITING)
+_WAIT_CANCELED = encode_u8(WaitReply.WAIT_CANCELED)
+_READY = encode_u8(CheckReply.READY)
+_NOT_READY = encode_u8(CheckReply.NOT_READY)
+
+_T = TypeVar("_T")
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """``host:port``, with brackets around IPv6 addresses."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parse, apply, reply."""
+
+    def __init__(self, server: StoreServer) -> None:
+        self._server = server
+        self._state = server.state
+        self._parser = RequestParser(server.limits)
+        self._transport: asyncio.Transport | None = None
+        self._peer = "?"
+        self._pending: Waiter | BarrierWaiter | None = None
+
+    # -- asyncio callbacks ------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self._peer = format_endpoint(str(peer[0]), int(peer[1]))
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._drop_pending()
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        self._parser.feed(data)
+        replies: list[bytes] = []
+        try:
+            for request in self._parser:
+                reply = self._apply(request)
+                if reply:
+                    replies.append(reply)
+        except ValueError as exc:  # ProtocolError, or ADD on a non-integer value
+            if replies:
+                transport.write(b"".join(replies))
+            self.close(f"{exc}")
+            return
+        if replies:
+            transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
+
+    def close(self, reason: str) -> None:
+        """Drop this connection, logging why."""
+        log.warning("closing connection from %s: %s", self._peer, reason)
+        self._drop_pending()
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- requests -----------------------------------------------------------------
+    def _apply(self, request: Request) -> bytes | None:
+        if self._pending is not None and not isinstance(request, CancelWait):
+            raise ProtocolError(f"{type(request).__name__} sent while a wait is pending")
+        state = self._state
+        match request:
+            case Get(key=key):
+                return encode_bytes(state.get(key))
+            case Add(key=key, delta=delta):
+                return encode_i64(state.add(key, delta))
+            case Set(key=key, value=value):
+                state.set(key, value)
+                return None
+            case WaitGet(keys=keys):
+                if self._park(Waiter(keys, self._wake_with_values)):
+                    return encode_wait_get(state.multi_get(keys))
+                return None
+            case CompareSet(key=key, expected=expected, desired=desired):
+                return encode_bytes(state.compare_set(key, expected, desired))
+            case Wait(keys=keys):
+                return _STOP_WAITING if self._park(Waiter(keys, self._wake)) else None
+            case Check(keys=keys):
+                return _READY if state.check(keys) else _NOT_READY
+            case MultiGet(keys=keys):
+                return encode_values(state.multi_get(keys))
+            case MultiSet(items=items):
+                state.multi_set(items)
+                return None
+            case Append(key=key, value=value):
+                state.append(key, value)
+                return None
+            case DeleteKey(key=key):
+                return encode_i64(int(state.delete(key)))
+            case GetNumKeys():
+                return encode_i64(state.num_keys())
+            case CancelWait():
+                self._drop_pending()
+                return _WAIT_CANCELED
+            case Ping(nonce=nonce):
+                return encode_u32(EXTENSION_ACCEPT if nonce == EXTENSION_OFFER else nonce)
+            case QueuePush(key=key, value=value):
+                state.queue_push(key, value)
+                return None
+            case QueuePop(key=key):
+                return encode_queue_pop(*state.queue_pop(key))
+            case QueueLen(key=key):
+                return encode_i64(state.queue_len(key))
+            case ListKeys():
+                return encode_key_list(state.list_keys())
+            case Barrier(key=key, world_size=world_size):
+                barrier = BarrierWaiter(key, world_size, self._wake)
+                if state.barrier(barrier):
+                    return _STOP_WAITING
+                self._pending = barrier
+                return None
+            case Validate():
+                return None
+        raise ProtocolError(f"unhandled request {request!r:.80}")  # pragma: no cover
+
+    def _park(self, waiter: Waiter) -> bool:
+        """True if the keys exist already; else the wait stays pending until woken."""
+        if self._state.park(waiter):
+            return True
+        self._pending = waiter
+        return False
+
+    def _wake(self, waiter: Waiter | BarrierWaiter) -> None:
+        self._pending = None
+        if self._transport is not None:
+            self._transport.write(_STOP_WAITING)
+
+    def _wake_with_values(self, waiter: Waiter) -> None:
+        self._pending = None
+        if self._transport is not None:
+            self._transport.write(encode_wait_get(self._state.multi_get(waiter.keys)))
+
+    def _drop_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if isinstance(pending, Waiter):
+            self._state.unpark(pending)
+        elif pending is not None:
+            self._state.leave_barrier(pending)
+
+
+def _bind(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets on exactly the addresses ``host`` names (numeric lookup only
+    when it is an address; forward lookup for a name), one port for all of them."""
+    infos = socket.getaddrinfo(
+        host or None,
+        port,
+        type=socket.SOCK_STREAM,
+        flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV,
+    )
+    addresses = list(dict.fromkeys((info[0], info[4][0]) for info in infos))
+    sockets: list[socket.socket] = []
+    try:
+        for family, address in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((address, port))
+            port = sock.getsockname()[1]  # the others share the first one's port
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class StoreServer:
+    """A TCPStore server on the running asyncio event loop.
+
+    ``host`` is bound as given (an empty string means every interface);
+    ``port=0`` picks a free port, readable from :attr:`port` once started.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        backlog: int = DEFAULT_BACKLOG,
+        limits: Limits | None = None,
+        listen_fd: int | None = None,
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {port}")
+        if backlog < 1:
+            raise ValueError(f"backlog must be >= 1, got {backlog}")
+        self.host = host
+        self.port = port
+        self.backlog = backlog
+        self.limits = limits or Limits()
+        self.state = StoreState()
+        self.connections: set[_Connection] = set()
+        self._listen_fd = listen_fd
+        self._servers: list[asyncio.base_events.Server] = []
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` as clients should dial it."""
+        return format_endpoint(self.host or "0.0.0.0", self.port)
+
+    async def start(self) -> None:
+        """Bind and start accepting (raises ``OSError`` if the address is taken)."""
+        loop = asyncio.get_running_loop()
+        if self._listen_fd is not None:
+            sock = socket.socket(fileno=self._listen_fd)
+            sock.listen(self.backlog)
+            sock.setblocking(False)
+            sockets = [sock]
+        else:
+            sockets = _bind_with_retry(self.host, self.port, self.backlog)
+        self.port = sockets[0].getsockname()[1]
+        for sock in sockets:
+            self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
+        log.info("store server listening on %s", self.endpoint)
+
+    async def close(self) -> None:
+        """Stop accepting and drop every connection."""
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close("server shutting down")
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+
+def _bind_with_retry(host: str, port: int, backlog: int) -> list[socket.socket]:
+    # With port 0 and several addresses (a name resolving to IPv4 and IPv6),
+    # the port picked for the first may be taken on another: pick again.
+    for _ in range(10):
+        try:
+            return _bind(host, port, backlog)
+        except OSError as exc:
+            if port != 0 or exc.errno != errno.EADDRINUSE:
+                raise
+    return _bind(host, port, backlog)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed (``tp-store[fast]``), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class ServerThread:
+    """Runs a :class:`StoreServer` on an event loop in a daemon thread.
+
+    This is how ``TCPStore(is_master=True)`` hosts its server in-process.
+    """
+
+    def __init__(self, server: StoreServer) -> None:
+        self.server = server
+        self._loop = new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, name=f"tp-store-server:{server.port}", daemon=True
+        )
+        self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def start(self) -> None:
+        """Start the thread and return once the server listens (or raise why it cannot)."""
+        self._thread.start()
+        self._started.result()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.server.start())
+        except BaseException as exc:
+            self._started.set_exception(exc)
+            self._loop.close()
+            return
+        self._started.set_result(None)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(self.server.close())
+            self._loop.close()
+
+    def call(self, function: Callable[[], _T]) -> _T:
+        """Run ``function`` on the server's loop thread and return its result."""
+        result: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                result.set_result(function())
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(run)
+        return result.result()
+
+    def stop(self) -> None:
+        """Close every connection and stop the thread."""
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()

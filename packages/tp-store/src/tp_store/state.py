@@ -1,0 +1,223 @@
+"""The data a store server holds, and its waiters, without any I/O.
+
+The server's connections call these methods from one thread (the event
+loop); blocked clients are :class:`Waiter` objects whose ``wake`` callback
+the I/O layer supplies. Keeping this apart from the sockets lets the rules be
+tested directly and shared by every transport.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+
+class Waiter:
+    """A client blocked until a set of keys all exist (WAIT, WAIT_GET, queue pops)."""
+
+    __slots__ = ("keys", "missing", "wake")
+
+    def __init__(self, keys: Sequence[bytes], wake: Callable[[Waiter], None]) -> None:
+        self.keys = keys
+        self.missing = 0
+        self.wake = wake
+
+
+class BarrierWaiter:
+    """A client blocked in BARRIER until the count at its key reaches ``world_size``."""
+
+    __slots__ = ("key", "wake", "world_size")
+
+    def __init__(self, key: bytes, world_size: int, wake: Callable[[BarrierWaiter], None]) -> None:
+        self.key = key
+        self.world_size = world_size
+        self.wake = wake
+
+
+def parse_counter(key: bytes, value: bytes | None) -> int:
+    """The integer a counter key holds (missing = 0), or ValueError naming the key."""
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"key {key!r} holds {value[:40]!r}, which is not an integer counter"
+        ) from None
+
+
+class StoreState:
+    """Keys, queues and blocked clients of one store server.
+
+    A key "exists" for waiters when it holds a value or a non-empty queue, as
+    in PyTorch's server. Waking is count-based: a waiter records how many of
+    its keys were missing when it parked and is woken when that many have been
+    written, so a write costs O(waiters on that key), never a rescan.
+    """
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self._queues: dict[bytes, deque[bytes]] = {}
+        # Insertion-ordered dicts used as sets: O(1) removal when a client leaves.
+        self._waiters: dict[bytes, dict[Waiter, None]] = {}
+        self._barriers: dict[bytes, dict[BarrierWaiter, None]] = {}
+        self._watches: dict[bytes, list[Callable[[bytes], bool]]] = {}
+
+    # -- reads --------------------------------------------------------------
+    def exists(self, key: bytes) -> bool:
+        """Whether ``key`` holds a value or a non-empty queue."""
+        return key in self.data or bool(self._queues.get(key))
+
+    def check(self, keys: Iterable[bytes]) -> bool:
+        return all(self.exists(key) for key in keys)
+
+    def get(self, key: bytes) -> bytes:
+        """The value of ``key``, or empty bytes when missing (as PyTorch's libuv server)."""
+        return self.data.get(key, b"")
+
+    def multi_get(self, keys: Iterable[bytes]) -> list[bytes]:
+        data = self.data
+        return [data.get(key, b"") for key in keys]
+
+    def num_keys(self) -> int:
+        return len(self.data)
+
+    def list_keys(self) -> list[bytes]:
+        return list(self.data)
+
+    def queue_len(self, key: bytes) -> int:
+        queue = self._queues.get(key)
+        return len(queue) if queue else 0
+
+    # -- writes -------------------------------------------------------------
+    def set(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+        self._written(key, value)
+
+    def add(self, key: bytes, delta: int) -> int:
+        total = parse_counter(key, self.data.get(key)) + delta
+        value = str(total).encode()
+        self.data[key] = value
+        self._written(key, value)
+        return total
+
+    def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
+        """PyTorch's rule; returns the value held afterwards (``expected`` if left missing)."""
+        current = self.data.get(key)
+        if current is None:
+            if expected:
+                return expected
+        elif current != expected:
+            return current
+        self.set(key, desired)
+        return desired
+
+    def append(self, key: bytes, value: bytes) -> None:
+        self.set(key, self.data.get(key, b"") + value)
+
+    def multi_set(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+        for key, value in items:
+            self.set(key, value)
+
+    def delete(self, key: bytes) -> bool:
+        return self.data.pop(key, None) is not None
+
+    def queue_push(self, key: bytes, value: bytes) -> None:
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
+        queue.append(value)
+        # One value can satisfy one popper: count the key in for waiters in
+        # arrival order until one of them is complete, and wake only that one.
+        waiters = self._waiters.get(key)
+        while waiters:
+            waiter = next(iter(waiters))
+            del waiters[waiter]
+            waiter.missing -= 1
+            if waiter.missing == 0:
+                waiter.wake(waiter)
+                break
+        if waiters is not None and not waiters:
+            del self._waiters[key]
+
+    def queue_pop(self, key: bytes) -> tuple[int, bytes | None]:
+        """The queue length before the pop, and the popped value (None if empty)."""
+        queue = self._queues.get(key)
+        if not queue:
+            return 0, None
+        length = len(queue)
+        value = queue.popleft()
+        if not queue:
+            del self._queues[key]
+        return length, value
+
+    # -- blocking -----------------------------------------------------------
+    def park(self, waiter: Waiter) -> bool:
+        """Register ``waiter``; True if its keys all exist already (it is not kept)."""
+        missing = [key for key in dict.fromkeys(waiter.keys) if not self.exists(key)]
+        if not missing:
+            return True
+        waiter.missing = len(missing)
+        for key in missing:
+            self._waiters.setdefault(key, {})[waiter] = None
+        return False
+
+    def unpark(self, waiter: Waiter) -> None:
+        """Forget a waiter (cancelled, or its connection closed)."""
+        for key in dict.fromkeys(waiter.keys):
+            waiters = self._waiters.get(key)
+            if waiters is not None and waiter in waiters:
+                del waiters[waiter]
+                if not waiters:
+                    del self._waiters[key]
+
+    def barrier(self, waiter: BarrierWaiter) -> bool:
+        """Count ``waiter`` in; True if the barrier is complete (everyone is woken)."""
+        count = self.add(waiter.key, 1)
+        if count < waiter.world_size:
+            self._barriers.setdefault(waiter.key, {})[waiter] = None
+            return False
+        for parked in self._barriers.pop(waiter.key, ()):
+            parked.wake(parked)
+        return True
+
+    def leave_barrier(self, waiter: BarrierWaiter) -> None:
+        """Forget a barrier waiter whose connection closed or cancelled."""
+        parked = self._barriers.get(waiter.key)
+        if parked is not None and waiter in parked:
+            del parked[waiter]
+            if not parked:
+                del self._barriers[waiter.key]
+
+    def watch(self, key: bytes, callback: Callable[[bytes], bool]) -> None:
+        """Call ``callback(value)`` on every write of ``key`` until it returns True.
+
+        Lets the process hosting the server follow a key (``init/``) without polling.
+        """
+        self._watches.setdefault(key, []).append(callback)
+        value = self.data.get(key)
+        if value is not None:
+            self._run_watches(key, value)
+
+    # -- internals ----------------------------------------------------------
+    def _written(self, key: bytes, value: bytes) -> None:
+        if key in self._waiters:
+            self._key_appeared(key)
+        if key in self._watches:
+            self._run_watches(key, value)
+
+    def _key_appeared(self, key: bytes) -> None:
+        waiters = self._waiters.pop(key, None)
+        if not waiters:
+            return
+        for waiter in waiters:
+            waiter.missing -= 1
+            if waiter.missing == 0:
+                waiter.wake(waiter)
+
+    def _run_watches(self, key: bytes, value: bytes) -> None:
+        remaining = [callback for callback in self._watches[key] if not callback(value)]
+        if remaining:
+            self._watches[key] = remaining
+        else:
+            del self._watches[key]

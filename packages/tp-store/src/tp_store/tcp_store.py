@@ -1,0 +1,508 @@
+"""``TCPStore``: PyTorch's TCPStore client (and, for the master, its server).
+
+One TCP connection per store object, shared by threads under a lock. Against
+our own server the client negotiates the ``WAIT_GET`` extension during the
+handshake PING, which makes ``get`` and ``multi_get`` one round trip; against
+a PyTorch server it speaks the plain protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from datetime import timedelta
+
+from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
+from .errors import ProtocolError, QueueEmptyError, StoreConnectionError, StoreTimeoutError
+from .protocol import (
+    EXTENSION_ACCEPT,
+    EXTENSION_OFFER,
+    INCOMPLETE,
+    Add,
+    Append,
+    Barrier,
+    CancelWait,
+    Check,
+    CheckReply,
+    CompareSet,
+    DeleteKey,
+    Get,
+    GetNumKeys,
+    ListKeys,
+    MultiGet,
+    MultiSet,
+    Ping,
+    QueueLen,
+    QueuePop,
+    QueuePush,
+    Reply,
+    ReplyKind,
+    ReplyParser,
+    Set,
+    Validate,
+    Wait,
+    WaitGet,
+    WaitReply,
+)
+from .server import ServerThread, StoreServer, format_endpoint
+
+#: The counter PyTorch clients increment when they join a store with a world size.
+INIT_KEY = b"init/"
+#: User keys carry this prefix on the server, as PyTorch's client does.
+USER_KEY_PREFIX = b"/"
+
+_RECV_SIZE = 1 << 16
+_CONNECT_BACKOFF_INITIAL = 0.01
+_CONNECT_BACKOFF_MAX = 1.0
+
+
+class _SharedServers:
+    """In-process servers of ``multi_tenant`` masters, keyed by port, refcounted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[int, tuple[ServerThread, int]] = {}
+
+    def acquire(self, host: str, port: int, listen_fd: int | None) -> ServerThread:
+        with self._lock:
+            if port and port in self._servers:
+                thread, users = self._servers[port]
+                self._servers[port] = (thread, users + 1)
+                return thread
+            thread = _start_server(host, port, listen_fd)
+            self._servers[thread.server.port] = (thread, 1)
+            return thread
+
+    def release(self, thread: ServerThread) -> None:
+        with self._lock:
+            port = thread.server.port
+            _, users = self._servers[port]
+            if users > 1:
+                self._servers[port] = (thread, users - 1)
+                return
+            del self._servers[port]
+        thread.stop()
+
+
+_shared_servers = _SharedServers()
+
+
+def _start_server(host: str, port: int, listen_fd: int | None) -> ServerThread:
+    thread = ServerThread(StoreServer(host, port, listen_fd=listen_fd))
+    thread.start()
+    return thread
+
+
+def _dial_host(host: str) -> str:
+    """Where a master reaches its own server when it listens on every interface."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def _user_key(key: Data) -> bytes:
+    return USER_KEY_PREFIX + as_bytes(key, "key")
+
+
+class TCPStore(Store):
+    """A store client over TCP, speaking PyTorch's TCPStore protocol.
+
+    Args:
+        host_name: the server's host name or address (the address to bind
+            when ``is_master``; an empty string binds every interface).
+        port: the server's port; with ``is_master``, 0 picks a free one
+            (read it back from :attr:`port`).
+        world_size: the number of store users; with ``wait_for_workers``
+            each client counts itself in and the master waits for all.
+        is_master: host the server in this process (a background thread).
+        timeout: default timeout of blocking operations and of connecting,
+            as a ``timedelta`` or seconds.
+        wait_for_workers: whether the master's constructor waits for
+            ``world_size`` users to have joined.
+        multi_tenant: masters in this process on the same port share one server.
+        master_listen_fd: an already listening socket for the master's server.
+        use_libuv: accepted for compatibility with PyTorch; our server is asyncio.
+    """
+
+    def __init__(
+        self,
+        host_name: str,
+        port: int,
+        world_size: int | None = None,
+        is_master: bool = False,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        wait_for_workers: bool = True,
+        multi_tenant: bool = False,
+        master_listen_fd: int | None = None,
+        use_libuv: bool = True,
+    ) -> None:
+        super().__init__(timeout)
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+        if port == 0 and not is_master:
+            raise ValueError("port 0 is only valid for the master (it picks a free port)")
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"world_size must be >= 1 or None, got {world_size}")
+        self._host = host_name
+        self._port = port
+        self._world_size = world_size
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._sock_timeout: float | None = None
+        self._parser = ReplyParser()
+        self._extended = False
+        self._server: ServerThread | None = None
+        self._stop_server: weakref.finalize[..., None] | None = None
+        if is_master:
+            self._start_server(multi_tenant, master_listen_fd)
+        with self._lock:
+            self._connect()
+        if world_size is not None and wait_for_workers:
+            self._request(Add(INIT_KEY, 1).encode(), ReplyKind.I64)
+            if self._server is not None:
+                self._wait_for_workers(world_size)
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def host(self) -> str:
+        """The host name this store was created with."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The server's port (the one picked when 0 was asked)."""
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the server."""
+        return format_endpoint(self._host, self._port)
+
+    @property
+    def uses_extensions(self) -> bool:
+        """Whether the server is ours and accepted the protocol extensions."""
+        return self._extended
+
+    @property
+    def server(self) -> StoreServer | None:
+        """The server this master hosts in-process, if any."""
+        return self._server.server if self._server else None
+
+    # -- the master's server -------------------------------------------------------
+    def _start_server(self, multi_tenant: bool, listen_fd: int | None) -> None:
+        try:
+            if multi_tenant:
+                thread = _shared_servers.acquire(self._host, self._port, listen_fd)
+                self._stop_server = weakref.finalize(self, _shared_servers.release, thread)
+            else:
+                thread = _start_server(self._host, self._port, listen_fd)
+                self._stop_server = weakref.finalize(self, thread.stop)
+        except OSError as exc:
+            raise StoreConnectionError(
+                f"cannot start the store server on {self.endpoint}: {exc}", self._host, self._port
+            ) from exc
+        self._server = thread
+        self._port = thread.server.port
+
+    def _wait_for_workers(self, world_size: int) -> None:
+        assert self._server is not None
+        joined = threading.Event()
+        seen = [0]
+
+        def on_init(value: bytes) -> bool:
+            seen[0] = int(value)
+            if seen[0] >= world_size:
+                joined.set()
+                return True
+            return False
+
+        state = self._server.server.state
+        self._server.call(lambda: state.watch(INIT_KEY, on_init))
+        if not joined.wait(self.timeout.total_seconds()):
+            raise StoreTimeoutError(
+                f"timed out after {self.timeout} waiting for {world_size} store users on "
+                f"{self.endpoint}; {seen[0]} joined",
+                [INIT_KEY.decode()],
+            )
+
+    # -- connection -----------------------------------------------------------------
+    def _connect(self) -> None:
+        """Connect and handshake, retrying with backoff until the timeout (lock held)."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        delay = _CONNECT_BACKOFF_INITIAL
+        host = _dial_host(self._host)
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((host, self._port), timeout=max(remaining, 0.001))
+            except OSError as exc:
+                if remaining <= delay:
+                    raise StoreConnectionError(
+                        f"cannot connect to the store at {self.endpoint} within "
+                        f"{self.timeout}: {exc}",
+                        self._host,
+                        self._port,
+                    ) from exc
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, _CONNECT_BACKOFF_MAX)
+                continue
+            break
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._sock_timeout = None
+        self._parser.clear()
+        try:
+            sock.settimeout(self.timeout.total_seconds())
+            sock.sendall(Validate().encode() + Ping(EXTENSION_OFFER).encode())
+            answer = self._receive(ReplyKind.U32)
+        except (OSError, ProtocolError) as exc:
+            raise self._broken(exc, "the handshake") from exc
+        if answer == EXTENSION_ACCEPT:
+            self._extended = True
+        elif answer == EXTENSION_OFFER:
+            self._extended = False
+        else:
+            self._disconnect()
+            raise StoreConnectionError(
+                f"the store at {self.endpoint} answered the handshake PING with {answer!r}",
+                self._host,
+                self._port,
+            )
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._parser.clear()
+
+    def _set_sock_timeout(self, seconds: float | None) -> socket.socket:
+        sock = self._sock
+        if sock is None:
+            self._connect()
+            sock = self._sock
+            assert sock is not None
+        if seconds != self._sock_timeout:
+            sock.settimeout(seconds)
+            self._sock_timeout = seconds
+        return sock
+
+    def _receive(self, kind: ReplyKind, count: int = 0) -> Reply:
+        """Read one reply of ``kind`` (lock held; socket timeouts propagate)."""
+        self._parser.expect(kind, count)
+        return self._read_reply()
+
+    def _read_reply(self) -> Reply:
+        """Read the reply the parser expects first."""
+        parser = self._parser
+        reply = parser.next_reply()
+        while reply is INCOMPLETE:
+            assert self._sock is not None
+            data = self._sock.recv(_RECV_SIZE)
+            if not data:
+                raise ConnectionResetError("the store closed the connection")
+            parser.feed(data)
+            reply = parser.next_reply()
+        assert not isinstance(reply, type(INCOMPLETE))
+        return reply
+
+    def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:
+        self._disconnect()
+        return StoreConnectionError(
+            f"lost the connection to the store at {self.endpoint} during {what}: {exc}",
+            self._host,
+            self._port,
+        )
+
+    def _send(self, payload: bytes) -> None:
+        """Send a request that has no reply."""
+        with self._lock:
+            sock = self._set_sock_timeout(self.timeout.total_seconds())
+            try:
+                sock.sendall(payload)
+            except OSError as exc:
+                raise self._broken(exc, "a request") from exc
+
+    def _request(self, payload: bytes, kind: ReplyKind, count: int = 0) -> Reply:
+        """Send a request and read its reply, within the store timeout."""
+        with self._lock:
+            sock = self._set_sock_timeout(self.timeout.total_seconds())
+            try:
+                sock.sendall(payload)
+                return self._receive(kind, count)
+            except TimeoutError as exc:
+                self._disconnect()
+                raise StoreTimeoutError(
+                    f"no reply from the store at {self.endpoint} within {self.timeout}"
+                ) from exc
+            except (OSError, ProtocolError) as exc:
+                raise self._broken(exc, "a request") from exc
+
+    def _blocking(
+        self, payload: bytes, kind: ReplyKind, count: int, timeout: float, keys: Sequence[Data]
+    ) -> Reply:
+        """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
+        with self._lock:
+            sock = self._set_sock_timeout(timeout if timeout > 0 else 1e-6)
+            try:
+                sock.sendall(payload)
+                return self._receive(kind, count)
+            except TimeoutError:
+                pass
+            except (OSError, ProtocolError) as exc:
+                raise self._broken(exc, "a wait") from exc
+            try:
+                self._cancel_wait(sock)
+            except (OSError, ProtocolError) as exc:
+                raise self._broken(exc, "cancelling a wait") from exc
+        names = [as_bytes(key, "key").decode(errors="backslashreplace") for key in keys]
+        raise StoreTimeoutError(
+            f"timed out after {timedelta(seconds=timeout)} waiting for keys {names} "
+            f"on the store at {self.endpoint}",
+            names,
+        )
+
+    def _cancel_wait(self, sock: socket.socket) -> None:
+        # The wait's own reply may be under way when CANCEL_WAIT arrives; then
+        # both replies come, the wait's first. The parser still expects it.
+        sock.settimeout(self.timeout.total_seconds())
+        self._sock_timeout = self.timeout.total_seconds()
+        sock.sendall(CancelWait().encode())
+        first = self._read_reply()
+        status = first[0] if isinstance(first, tuple) else first
+        if status == WaitReply.STOP_WAITING:
+            self._receive(ReplyKind.U8)
+
+    # -- the Store interface ------------------------------------------------------
+    def set(self, key: Data, value: Data) -> None:
+        self._send(Set(_user_key(key), as_bytes(value)).encode())
+
+    def get(self, key: Data) -> bytes:
+        user_key = _user_key(key)
+        if self._extended:
+            reply = self._blocking(
+                WaitGet((user_key,)).encode(),
+                ReplyKind.WAIT_GET,
+                1,
+                self.timeout.total_seconds(),
+                [key],
+            )
+            assert isinstance(reply, tuple) and isinstance(reply[1], list)
+            return reply[1][0]
+        self.wait([key])
+        value = self._request(Get(user_key).encode(), ReplyKind.BYTES)
+        assert isinstance(value, bytes)
+        return value
+
+    def add(self, key: Data, amount: int) -> int:
+        value = self._request(Add(_user_key(key), amount).encode(), ReplyKind.I64)
+        assert isinstance(value, int)
+        return value
+
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        request = CompareSet(_user_key(key), as_bytes(expected), as_bytes(desired))
+        value = self._request(request.encode(), ReplyKind.BYTES)
+        assert isinstance(value, bytes)
+        return value
+
+    def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
+        request = Wait(tuple(_user_key(key) for key in keys))
+        self._blocking(request.encode(), ReplyKind.U8, 0, self._deadline_seconds(timeout), keys)
+
+    def check(self, keys: Sequence[Data]) -> bool:
+        request = Check(tuple(_user_key(key) for key in keys))
+        return self._request(request.encode(), ReplyKind.U8) == CheckReply.READY
+
+    def delete_key(self, key: Data) -> bool:
+        return self._request(DeleteKey(_user_key(key)).encode(), ReplyKind.I64) == 1
+
+    def num_keys(self) -> int:
+        value = self._request(GetNumKeys().encode(), ReplyKind.I64)
+        assert isinstance(value, int)
+        return value
+
+    def append(self, key: Data, value: Data) -> None:
+        self._send(Append(_user_key(key), as_bytes(value)).encode())
+
+    def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
+        user_keys = tuple(_user_key(key) for key in keys)
+        if self._extended:
+            reply = self._blocking(
+                WaitGet(user_keys).encode(),
+                ReplyKind.WAIT_GET,
+                len(user_keys),
+                self.timeout.total_seconds(),
+                keys,
+            )
+            assert isinstance(reply, tuple) and isinstance(reply[1], list)
+            return reply[1]
+        self.wait(keys)
+        values = self._request(MultiGet(user_keys).encode(), ReplyKind.VALUES, len(user_keys))
+        assert isinstance(values, list)
+        return values
+
+    def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(
+                f"multi_set needs as many values as keys, got {len(keys)} keys "
+                f"and {len(values)} values"
+            )
+        items = tuple((_user_key(k), as_bytes(v)) for k, v in zip(keys, values))
+        self._send(MultiSet(items).encode())
+
+    def list_keys(self) -> list[str]:
+        keys = self._request(ListKeys().encode(), ReplyKind.KEY_LIST)
+        assert isinstance(keys, list)
+        skip = len(USER_KEY_PREFIX)
+        return [
+            key[skip:].decode(errors="surrogateescape")
+            for key in keys
+            if key.startswith(USER_KEY_PREFIX)
+        ]
+
+    def queue_push(self, key: Data, value: Data) -> None:
+        self._send(QueuePush(_user_key(key), as_bytes(value)).encode())
+
+    def queue_pop(self, key: Data, block: bool = True) -> bytes:
+        request = QueuePop(_user_key(key)).encode()
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            if block:
+                self.wait([key], max(deadline - time.monotonic(), 0.0))
+            reply = self._request(request, ReplyKind.QUEUE_POP)
+            assert isinstance(reply, tuple)
+            _, value = reply
+            if isinstance(value, bytes):
+                return value
+            if not block:
+                raise QueueEmptyError(f"the queue {key!r} is empty")
+            # Another popper took the value between our WAIT and POP: wait again.
+
+    def queue_len(self, key: Data) -> int:
+        value = self._request(QueueLen(_user_key(key)).encode(), ReplyKind.I64)
+        assert isinstance(value, int)
+        return value
+
+    def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        request = Barrier(_user_key(key), world_size).encode()
+        self._blocking(request, ReplyKind.U8, 0, self._deadline_seconds(timeout), [key])
+
+    def clone(self) -> TCPStore:
+        """A new client connection to the same server (never a master)."""
+        return TCPStore(self._host, self._port, timeout=self.timeout)
+
+    def close(self) -> None:
+        """Close the connection; a master also stops its server (unless shared)."""
+        with self._lock:
+            self._disconnect()
+        if self._stop_server is not None:
+            self._stop_server()
+
+    def __repr__(self) -> str:
+        role = "master" if self._server else "client"
+        return f"TCPStore({self.endpoint}, {role}, pid={os.getpid()})"
+
