@@ -123,9 +123,9 @@ class _Connection(asyncio.Protocol):
         if replies:
             transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, level: int = logging.WARNING) -> None:
         """Drop this connection, logging why."""
-        log.warning("closing connection from %s: %s", self._peer, reason)
+        log.log(level, "closing connection from %s: %s", self._peer, reason)
         self._drop_pending()
         if self._transport is not None:
             self._transport.close()
@@ -297,7 +297,7 @@ class StoreServer:
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
-            connection.close("server shutting down")
+            connection.close("server shutting down", logging.INFO)
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
