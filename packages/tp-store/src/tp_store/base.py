@@ -12,12 +12,12 @@ import math
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TypeVar, Union
+from typing import TypeVar
 
 #: What callers may pass where PyTorch takes a ``timedelta``.
-Timeout = Union[timedelta, float, int]
+Timeout = timedelta | float | int
 #: What callers may pass as a key or a value.
-Data = Union[str, bytes]
+Data = str | bytes
 
 _StoreT = TypeVar("_StoreT", bound="Store")
 
@@ -150,7 +150,7 @@ class Store(abc.ABC):
                 f"multi_set needs as many values as keys, got {len(keys)} keys "
                 f"and {len(values)} values"
             )
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             self.set(key, value)
 
     def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:

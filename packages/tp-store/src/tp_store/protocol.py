@@ -19,7 +19,7 @@ import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Final, Union
+from typing import ClassVar, Final
 
 from .errors import ProtocolError
 
@@ -298,28 +298,28 @@ class WaitGet:
         return _OP_U64.pack(self.opcode, len(self.keys)) + _fields(self.keys)
 
 
-Request = Union[
-    Validate,
-    Set,
-    CompareSet,
-    Get,
-    Add,
-    Check,
-    Wait,
-    GetNumKeys,
-    DeleteKey,
-    Append,
-    MultiGet,
-    MultiSet,
-    CancelWait,
-    Ping,
-    QueuePush,
-    QueuePop,
-    QueueLen,
-    ListKeys,
-    Barrier,
-    WaitGet,
-]
+Request = (
+    Validate
+    | Set
+    | CompareSet
+    | Get
+    | Add
+    | Check
+    | Wait
+    | GetNumKeys
+    | DeleteKey
+    | Append
+    | MultiGet
+    | MultiSet
+    | CancelWait
+    | Ping
+    | QueuePush
+    | QueuePop
+    | QueueLen
+    | ListKeys
+    | Barrier
+    | WaitGet
+)
 
 
 # ---------------------------------------------------------------------------
@@ -327,12 +327,12 @@ Request = Union[
 # ---------------------------------------------------------------------------
 
 
-class _Incomplete(Exception):
+class _NeedMoreData(Exception):
     """The buffer ends inside the current message."""
 
 
 class _Cursor:
-    """Reads fields from a buffer, raising _Incomplete when it runs out."""
+    """Reads fields from a buffer, raising _NeedMoreData when it runs out."""
 
     __slots__ = ("buf", "end", "limits", "pos")
 
@@ -345,7 +345,7 @@ class _Cursor:
     def _take(self, size: int) -> int:
         start = self.pos
         if start + size > self.end:
-            raise _Incomplete
+            raise _NeedMoreData
         self.pos = start + size
         return start
 
@@ -361,9 +361,7 @@ class _Cursor:
         start = self._take(8)
         value: int = (_I64 if signed else _U64).unpack_from(self.buf, start)[0]
         if value < 0 or value > self.limits.max_keys_per_request:
-            raise ProtocolError(
-                f"key count {value} outside 0..{self.limits.max_keys_per_request}"
-            )
+            raise ProtocolError(f"key count {value} outside 0..{self.limits.max_keys_per_request}")
         return value
 
     def _blob(self, limit: int, what: str) -> bytes:
@@ -460,7 +458,7 @@ class RequestParser:
         cur = _Cursor(buf, 1, self._limits)
         try:
             request = _parse_body(buf[0], cur)
-        except _Incomplete:
+        except _NeedMoreData:
             raise StopIteration from None
         del buf[: cur.pos]
         if not self._validated:
@@ -529,18 +527,18 @@ class ReplyKind(enum.Enum):
 
 
 #: A reply value as :class:`ReplyParser` returns it.
-Reply = Union[int, bytes, list[bytes], tuple[int, Union[list[bytes], bytes, None]]]
+Reply = Union[int, bytes, list[bytes], tuple[int, list[bytes] | bytes | None]]
 
 
-class _NotYet:
-    """The type of :data:`INCOMPLETE`."""
+class Incomplete:
+    """The type of :data:`INCOMPLETE`: no whole reply has arrived yet."""
 
     def __repr__(self) -> str:
         return "INCOMPLETE"
 
 
 #: Returned by :meth:`ReplyParser.next_reply` until a whole reply has arrived.
-INCOMPLETE: Final = _NotYet()
+INCOMPLETE: Final = Incomplete()
 
 
 class _ReplyCursor:
@@ -556,7 +554,7 @@ class _ReplyCursor:
     def take(self, size: int) -> int:
         start = self.pos
         if start + size > self.end:
-            raise _Incomplete
+            raise _NeedMoreData
         self.pos = start + size
         return start
 
@@ -604,7 +602,7 @@ class ReplyParser:
         self._buf.clear()
         self._expected.clear()
 
-    def next_reply(self) -> Reply | _NotYet:
+    def next_reply(self) -> Reply | Incomplete:
         """The next whole reply, or :data:`INCOMPLETE`.
 
         Raises :class:`ProtocolError` if bytes arrive that no request asked for
@@ -618,7 +616,7 @@ class ReplyParser:
         cur = _ReplyCursor(self._buf)
         try:
             reply = self._parse(kind, count, cur)
-        except _Incomplete:
+        except _NeedMoreData:
             return INCOMPLETE
         del self._buf[: cur.pos]
         self._expected.popleft()

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar, cast
 
+from .errors import ProtocolError
 from .protocol import (
     EXTENSION_ACCEPT,
     EXTENSION_OFFER,
@@ -55,7 +56,6 @@ from .protocol import (
     encode_values,
     encode_wait_get,
 )
-from .errors import ProtocolError
 from .state import BarrierWaiter, StoreState, Waiter
 
 log = logging.getLogger("tp_store.server")
@@ -115,7 +115,7 @@ class _Connection(asyncio.Protocol):
                 reply = self._apply(request)
                 if reply:
                     replies.append(reply)
-        except ValueError as exc:  # ProtocolError, or ADD on a non-integer value
+        except (ValueError, OverflowError) as exc:  # ProtocolError, or a bad ADD
             if replies:
                 transport.write(b"".join(replies))
             self.close(f"{exc}")
@@ -318,7 +318,7 @@ def _bind_with_retry(host: str, port: int, backlog: int) -> list[socket.socket]:
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop when it is installed (``tp-store[fast]``), else asyncio's."""
     try:
-        import uvloop
+        import uvloop  # noqa: PLC0415 - optional: tp-store[fast]
     except ImportError:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from .semantics import compare_set_result, counter_after_add
+
 
 class Waiter:
     """A client blocked until a set of keys all exist (WAIT, WAIT_GET, queue pops)."""
@@ -32,18 +34,6 @@ class BarrierWaiter:
         self.key = key
         self.world_size = world_size
         self.wake = wake
-
-
-def parse_counter(key: bytes, value: bytes | None) -> int:
-    """The integer a counter key holds (missing = 0), or ValueError naming the key."""
-    if value is None:
-        return 0
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(
-            f"key {key!r} holds {value[:40]!r}, which is not an integer counter"
-        ) from None
 
 
 class StoreState:
@@ -95,7 +85,7 @@ class StoreState:
         self._written(key, value)
 
     def add(self, key: bytes, delta: int) -> int:
-        total = parse_counter(key, self.data.get(key)) + delta
+        total = counter_after_add(key, self.data.get(key), delta)
         value = str(total).encode()
         self.data[key] = value
         self._written(key, value)
@@ -103,14 +93,10 @@ class StoreState:
 
     def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         """PyTorch's rule; returns the value held afterwards (``expected`` if left missing)."""
-        current = self.data.get(key)
-        if current is None:
-            if expected:
-                return expected
-        elif current != expected:
-            return current
-        self.set(key, desired)
-        return desired
+        to_store, result = compare_set_result(self.data.get(key), expected, desired)
+        if to_store is not None:
+            self.set(key, to_store)
+        return result
 
     def append(self, key: bytes, value: bytes) -> None:
         self.set(key, self.data.get(key, b"") + value)

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
@@ -22,7 +22,6 @@ from .errors import ProtocolError, QueueEmptyError, StoreConnectionError, StoreT
 from .protocol import (
     EXTENSION_ACCEPT,
     EXTENSION_OFFER,
-    INCOMPLETE,
     Add,
     Append,
     Barrier,
@@ -33,6 +32,7 @@ from .protocol import (
     DeleteKey,
     Get,
     GetNumKeys,
+    Incomplete,
     ListKeys,
     MultiGet,
     MultiSet,
@@ -127,7 +127,7 @@ class TCPStore(Store):
         use_libuv: accepted for compatibility with PyTorch; our server is asyncio.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - PyTorch's positional signature
         self,
         host_name: str,
         port: int,
@@ -155,14 +155,14 @@ class TCPStore(Store):
         self._parser = ReplyParser()
         self._extended = False
         self._server: ServerThread | None = None
-        self._stop_server: weakref.finalize[..., None] | None = None
+        self._stop_server: Callable[[], object] | None = None
         if is_master:
             self._start_server(multi_tenant, master_listen_fd)
         with self._lock:
             self._connect()
         if world_size is not None and wait_for_workers:
             self._request(Add(INIT_KEY, 1).encode(), ReplyKind.I64)
-            if self._server is not None:
+            if is_master:
                 self._wait_for_workers(world_size)
 
     # -- properties ---------------------------------------------------------------
@@ -297,15 +297,13 @@ class TCPStore(Store):
     def _read_reply(self) -> Reply:
         """Read the reply the parser expects first."""
         parser = self._parser
-        reply = parser.next_reply()
-        while reply is INCOMPLETE:
-            assert self._sock is not None
-            data = self._sock.recv(_RECV_SIZE)
+        sock = self._sock
+        assert sock is not None
+        while isinstance(reply := parser.next_reply(), Incomplete):
+            data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
             parser.feed(data)
-            reply = parser.next_reply()
-        assert not isinstance(reply, type(INCOMPLETE))
         return reply
 
     def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:
@@ -389,8 +387,9 @@ class TCPStore(Store):
                 self.timeout.total_seconds(),
                 [key],
             )
-            assert isinstance(reply, tuple) and isinstance(reply[1], list)
-            return reply[1][0]
+            fetched = reply[1] if isinstance(reply, tuple) else None
+            assert isinstance(fetched, list)
+            return fetched[0]
         self.wait([key])
         value = self._request(Get(user_key).encode(), ReplyKind.BYTES)
         assert isinstance(value, bytes)
@@ -436,8 +435,9 @@ class TCPStore(Store):
                 self.timeout.total_seconds(),
                 keys,
             )
-            assert isinstance(reply, tuple) and isinstance(reply[1], list)
-            return reply[1]
+            fetched = reply[1] if isinstance(reply, tuple) else None
+            assert isinstance(fetched, list)
+            return fetched
         self.wait(keys)
         values = self._request(MultiGet(user_keys).encode(), ReplyKind.VALUES, len(user_keys))
         assert isinstance(values, list)
@@ -449,7 +449,7 @@ class TCPStore(Store):
                 f"multi_set needs as many values as keys, got {len(keys)} keys "
                 f"and {len(values)} values"
             )
-        items = tuple((_user_key(k), as_bytes(v)) for k, v in zip(keys, values))
+        items = tuple((_user_key(k), as_bytes(v)) for k, v in zip(keys, values, strict=True))
         self._send(MultiSet(items).encode())
 
     def list_keys(self) -> list[str]:
@@ -505,4 +505,3 @@ class TCPStore(Store):
     def __repr__(self) -> str:
         role = "master" if self._server else "client"
         return f"TCPStore({self.endpoint}, {role}, pid={os.getpid()})"
-

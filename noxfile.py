@@ -1,0 +1,63 @@
+"""Test, lint and benchmark sessions for every package of the monorepo.
+
+`nox` runs the default sessions (the README's test command); `nox -s bench`
+runs the benchmarks. Sessions use the interpreter nox runs on; the GitHub
+matrix provides the other Python versions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
+# The one PyTorch build that installs from this machine's disk; never a runtime dependency.
+TORCH = "torch==2.13.0"
+TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+
+nox.options.sessions = ["lint", "tests", "integration", "interop"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _local(*names: str, extras: str = "") -> list[str]:
+    return [f"./packages/{name}{extras}" for name in names]
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check and mypy --strict over every package."""
+    session.install("ruff>=0.6", "mypy>=1.11", *_local(*PACKAGES))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """One package's own tests, with only that package and its dependencies installed."""
+    session.install(*TEST_TOOLS, *_local(package, extras="[test]"))
+    session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Cross-package suites under tests/ (not interop), on uvloop."""
+    session.install(*TEST_TOOLS, *_local(*PACKAGES, extras="[fast]"))
+    session.run("pytest", "tests", "--ignore=tests/interop", *session.posargs)
+
+
+@nox.session
+def interop(session: nox.Session) -> None:
+    """PyTorch 2.13 clients and servers as real peers of ours."""
+    session.install(*TEST_TOOLS, TORCH, *_local(*PACKAGES))
+    session.run("pytest", "tests/interop", "-m", "interop", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against PyTorch 2.13, written to benchmarks/results/."""
+    session.install(TORCH, "psutil", *_local(*PACKAGES, extras="[fast]"))
+    session.run("python", "benchmarks/store_bench.py", *session.posargs)
