@@ -527,7 +527,7 @@ class ReplyKind(enum.Enum):
 
 
 #: A reply value as :class:`ReplyParser` returns it.
-Reply = Union[int, bytes, list[bytes], tuple[int, list[bytes] | bytes | None]]
+Reply = int | bytes | list[bytes] | tuple[int, list[bytes] | bytes | None]
 
 
 class Incomplete:
