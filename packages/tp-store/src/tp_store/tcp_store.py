@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import random
 import socket
+import struct
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 
 from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
 from .errors import ProtocolError, QueueEmptyError, StoreConnectionError, StoreTimeoutError
@@ -49,6 +50,7 @@ from .protocol import (
     WaitGet,
     WaitReply,
 )
+from .semantics import timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
 #: The counter PyTorch clients increment when they join a store with a world size.
@@ -57,6 +59,10 @@ INIT_KEY = b"init/"
 USER_KEY_PREFIX = b"/"
 
 _RECV_SIZE = 1 << 16
+# Socket timeouts are kernel options (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking
+# socket: one syscall per send or receive, where Python's own socket timeouts
+# add a poll() before each. An expired one surfaces as BlockingIOError.
+_TIMED_OUT = (TimeoutError, BlockingIOError)
 _CONNECT_BACKOFF_INITIAL = 0.01
 _CONNECT_BACKOFF_MAX = 1.0
 
@@ -101,6 +107,14 @@ def _start_server(host: str, port: int, listen_fd: int | None) -> ServerThread:
 def _dial_host(host: str) -> str:
     """Where a master reaches its own server when it listens on every interface."""
     return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def _timeval(seconds: float) -> bytes:
+    # Zero would mean "never time out": the shortest wait is a microsecond.
+    micros = max(round(seconds * 1_000_000), 1)
+    if sys.platform == "win32":
+        return struct.pack("<I", max(micros // 1000, 1))
+    return struct.pack("@ll", micros // 1_000_000, micros % 1_000_000)
 
 
 def _user_key(key: Data) -> bytes:
@@ -151,7 +165,7 @@ class TCPStore(Store):
         self._world_size = world_size
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._sock_timeout: float | None = None
+        self._recv_timeout = 0.0
         self._parser = ReplyParser()
         self._extended = False
         self._server: ServerThread | None = None
@@ -251,11 +265,14 @@ class TCPStore(Store):
                 continue
             break
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)
+        store_timeout = self.timeout.total_seconds()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(store_timeout))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
+        self._recv_timeout = store_timeout
         self._sock = sock
-        self._sock_timeout = None
         self._parser.clear()
         try:
-            sock.settimeout(self.timeout.total_seconds())
             sock.sendall(Validate().encode() + Ping(EXTENSION_OFFER).encode())
             answer = self._receive(ReplyKind.U32)
         except (OSError, ProtocolError) as exc:
@@ -278,15 +295,16 @@ class TCPStore(Store):
             self._sock = None
         self._parser.clear()
 
-    def _set_sock_timeout(self, seconds: float | None) -> socket.socket:
+    def _socket(self, recv_timeout: float) -> socket.socket:
+        """The connected socket (reconnecting if it was lost), receiving within ``recv_timeout``."""
         sock = self._sock
         if sock is None:
             self._connect()
             sock = self._sock
             assert sock is not None
-        if seconds != self._sock_timeout:
-            sock.settimeout(seconds)
-            self._sock_timeout = seconds
+        if recv_timeout != self._recv_timeout:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(recv_timeout))
+            self._recv_timeout = recv_timeout
         return sock
 
     def _receive(self, kind: ReplyKind, count: int = 0) -> Reply:
@@ -317,7 +335,7 @@ class TCPStore(Store):
     def _send(self, payload: bytes) -> None:
         """Send a request that has no reply."""
         with self._lock:
-            sock = self._set_sock_timeout(self.timeout.total_seconds())
+            sock = self._socket(self.timeout.total_seconds())
             try:
                 sock.sendall(payload)
             except OSError as exc:
@@ -326,11 +344,11 @@ class TCPStore(Store):
     def _request(self, payload: bytes, kind: ReplyKind, count: int = 0) -> Reply:
         """Send a request and read its reply, within the store timeout."""
         with self._lock:
-            sock = self._set_sock_timeout(self.timeout.total_seconds())
+            sock = self._socket(self.timeout.total_seconds())
             try:
                 sock.sendall(payload)
                 return self._receive(kind, count)
-            except TimeoutError as exc:
+            except _TIMED_OUT as exc:
                 self._disconnect()
                 raise StoreTimeoutError(
                     f"no reply from the store at {self.endpoint} within {self.timeout}"
@@ -343,11 +361,11 @@ class TCPStore(Store):
     ) -> Reply:
         """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
         with self._lock:
-            sock = self._set_sock_timeout(timeout if timeout > 0 else 1e-6)
+            sock = self._socket(timeout)
             try:
                 sock.sendall(payload)
                 return self._receive(kind, count)
-            except TimeoutError:
+            except _TIMED_OUT:
                 pass
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a wait") from exc
@@ -355,18 +373,12 @@ class TCPStore(Store):
                 self._cancel_wait(sock)
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "cancelling a wait") from exc
-        names = [as_bytes(key, "key").decode(errors="backslashreplace") for key in keys]
-        raise StoreTimeoutError(
-            f"timed out after {timedelta(seconds=timeout)} waiting for keys {names} "
-            f"on the store at {self.endpoint}",
-            names,
-        )
+        raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
 
     def _cancel_wait(self, sock: socket.socket) -> None:
         # The wait's own reply may be under way when CANCEL_WAIT arrives; then
         # both replies come, the wait's first. The parser still expects it.
-        sock.settimeout(self.timeout.total_seconds())
-        self._sock_timeout = self.timeout.total_seconds()
+        self._socket(self.timeout.total_seconds())
         sock.sendall(CancelWait().encode())
         first = self._read_reply()
         status = first[0] if isinstance(first, tuple) else first

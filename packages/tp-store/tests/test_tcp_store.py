@@ -1,0 +1,234 @@
+"""TCPStore behaviour beyond the Store contract: construction, handshake, server life."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from tp_store import StoreConnectionError, StoreTimeoutError, TCPStore
+from tp_store.demo import run as run_demo
+
+
+@pytest.fixture
+def master() -> Iterator[TCPStore]:
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
+    yield store
+    store.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_port_zero_picks_a_free_port_and_reports_it(master: TCPStore) -> None:
+    assert master.port > 0
+    client = TCPStore("127.0.0.1", master.port, timeout=5)
+    client.set("k", "v")
+    assert master.get("k") == b"v"
+    assert master.host == "127.0.0.1"
+
+
+def test_timeout_accepts_timedelta_and_seconds(master: TCPStore) -> None:
+    as_delta = TCPStore("127.0.0.1", master.port, timeout=timedelta(seconds=7))
+    as_float = TCPStore("127.0.0.1", master.port, timeout=2.5)
+    assert as_delta.timeout == timedelta(seconds=7)
+    assert as_float.timeout == timedelta(seconds=2.5)
+    as_float.set_timeout(timedelta(milliseconds=100))
+    with pytest.raises(StoreTimeoutError):
+        as_float.get("never-set")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"port": 70000}, "port"),
+        ({"port": -1}, "port"),
+        ({"port": 0}, "port 0"),
+        ({"port": 1, "world_size": 0}, "world_size"),
+        ({"port": 1, "timeout": -1}, "timeout"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TCPStore("127.0.0.1", **kwargs)  # type: ignore[arg-type]
+
+
+def test_unreachable_server_names_host_and_port() -> None:
+    port = _free_port()
+    started = time.monotonic()
+    with pytest.raises(StoreConnectionError, match=f"127.0.0.1:{port}") as caught:
+        TCPStore("127.0.0.1", port, timeout=0.5)
+    assert isinstance(caught.value, ConnectionError)
+    assert caught.value.port == port
+    assert time.monotonic() - started < 5
+
+
+def test_client_connects_once_a_late_server_starts() -> None:
+    port = _free_port()
+    clients: list[TCPStore] = []
+    connecting = threading.Thread(
+        target=lambda: clients.append(TCPStore("127.0.0.1", port, timeout=10))
+    )
+    connecting.start()
+    master = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=10)
+    connecting.join()
+    clients[0].set("late", "1")
+    assert master.get("late") == b"1"
+    master.close()
+
+
+def test_master_waits_for_world_size_users() -> None:
+    port = _free_port()
+    workers: list[TCPStore] = []
+    joined = threading.Event()
+
+    def join_two() -> None:
+        workers.extend(TCPStore("127.0.0.1", port, world_size=3, timeout=10) for _ in range(2))
+        joined.set()
+
+    thread = threading.Thread(target=join_two)
+    thread.start()
+    master = TCPStore("127.0.0.1", port, world_size=3, is_master=True, timeout=10)
+    thread.join()
+    assert joined.is_set()
+    assert master.num_keys() == 1  # just the init/ counter
+    assert master.list_keys() == []
+    master.close()
+
+
+def test_master_times_out_naming_how_many_joined() -> None:
+    with pytest.raises(StoreTimeoutError, match="1 joined"):
+        TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=0.3)
+
+
+def test_second_master_on_a_taken_port_fails_clearly(master: TCPStore) -> None:
+    with pytest.raises(StoreConnectionError, match=str(master.port)):
+        TCPStore("127.0.0.1", master.port, is_master=True, wait_for_workers=False, timeout=1)
+
+
+def test_multi_tenant_masters_share_one_server() -> None:
+    first = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    second = TCPStore(
+        "127.0.0.1", first.port, is_master=True, wait_for_workers=False, multi_tenant=True
+    )
+    first.set("shared", "yes")
+    assert second.get("shared") == b"yes"
+    first.close()
+    second.set("still", "up")  # the server lives while a tenant remains
+    assert second.get("still") == b"up"
+    second.close()
+
+
+def test_master_listen_fd_serves_on_the_given_socket() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    master = TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+    TCPStore("127.0.0.1", port).set("via-fd", "1")
+    assert master.get("via-fd") == b"1"
+    master.close()
+
+
+def test_clone_is_an_independent_connection(master: TCPStore) -> None:
+    clone = master.clone()
+    assert clone.port == master.port
+    assert clone.server is None
+    released = threading.Event()
+
+    def waiter() -> None:
+        clone.wait(["gate"])
+        released.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    master.set("gate", "open")  # not blocked by the clone's pending wait
+    thread.join(5)
+    assert released.is_set()
+
+
+def test_our_client_negotiates_extensions_with_our_server(master: TCPStore) -> None:
+    assert master.uses_extensions
+
+
+def test_client_reconnects_after_the_connection_drops(master: TCPStore) -> None:
+    client = TCPStore("127.0.0.1", master.port, timeout=5)
+    client.set("before", "1")
+    assert master.server is not None
+    server = master.server
+    # The server drops every connection (as on a protocol error); the client's next
+    # call fails clearly, and the one after that reconnects.
+    master._server.call(  # type: ignore[union-attr]
+        lambda: [conn.close("test") for conn in list(server.connections)]
+    )
+    with pytest.raises(StoreConnectionError):
+        for _ in range(3):
+            client.get("before")
+    assert client.get("before") == b"1"
+
+
+def test_ipv6_loopback() -> None:
+    try:
+        master = TCPStore("::1", 0, is_master=True, wait_for_workers=False, timeout=5)
+    except StoreConnectionError as exc:  # pragma: no cover - hosts without IPv6
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    client = TCPStore("::1", master.port, timeout=5)
+    client.set("v6", "yes")
+    assert master.get("v6") == b"yes"
+    assert master.endpoint == f"[::1]:{master.port}"
+    master.close()
+
+
+def test_standalone_server_serves_until_sigterm() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tp_store", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("listening on 127.0.0.1:")
+    port = int(line.rsplit(":", 1)[1])
+    client = TCPStore("127.0.0.1", port, timeout=5)
+    assert client.add("n", 2) == 2
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(10) == 0
+
+
+def test_standalone_server_rejects_a_bad_port() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tp_store", "--port", "99999"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_runs_workers_through_the_store() -> None:
+    import io
+
+    out = io.StringIO()
+    summary = run_demo(workers=3, rounds=20, out=out)
+    assert summary.ok
+    assert summary.adds == 60
+    assert "OK: 3 workers" in out.getvalue()
