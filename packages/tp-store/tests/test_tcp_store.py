@@ -179,8 +179,7 @@ def test_client_reconnects_after_the_connection_drops(master: TCPStore) -> None:
         lambda: [conn.close("test") for conn in list(server.connections)]
     )
     with pytest.raises(StoreConnectionError):
-        for _ in range(3):
-            client.get("before")
+        client.get("before")
     assert client.get("before") == b"1"
 
 
@@ -218,6 +217,7 @@ def test_standalone_server_rejects_a_bad_port() -> None:
         capture_output=True,
         text=True,
         timeout=30,
+        check=False,
     )
     assert result.returncode == 1
     assert "port" in result.stderr
