@@ -1,0 +1,173 @@
+"""``HashStore``: an in-process store, shared by threads through ``clone()``."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
+from .errors import QueueEmptyError
+from .semantics import compare_set_result, counter_after_add, key_text, timeout_error
+
+
+class _Queue:
+    """The values of one queue, and the condition its blocked poppers wait on."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.values: deque[bytes] = deque()
+        self.pushed = threading.Condition(lock)
+
+
+class _SharedData:
+    """What every handle of one ``HashStore`` shares.
+
+    One lock guards everything. ``changed`` wakes all key waiters on every
+    write; each queue has its own condition so that a push wakes one popper.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.values: dict[bytes, bytes] = {}
+        self.queues: dict[bytes, _Queue] = {}
+
+    def queue(self, key: bytes) -> _Queue:
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = _Queue(self.lock)
+        return queue
+
+    def exists(self, key: bytes) -> bool:
+        """Whether ``key`` holds a value or a non-empty queue (as PyTorch's stores)."""
+        queue = self.queues.get(key)
+        return key in self.values or (queue is not None and bool(queue.values))
+
+    def write(self, key: bytes, value: bytes) -> None:
+        self.values[key] = value
+        self.changed.notify_all()
+
+
+class HashStore(Store):
+    """An in-process store: thread-safe, and shared between threads via ``clone()``.
+
+    Blocking operations wait on condition variables, never by polling.
+    """
+
+    def __init__(self, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
+        super().__init__(timeout)
+        self._data = _SharedData()
+
+    def clone(self) -> HashStore:
+        """A new handle on the same data, with the same default timeout."""
+        twin = HashStore(self.timeout)
+        twin._data = self._data
+        return twin
+
+    def set(self, key: Data, value: Data) -> None:
+        """Store ``value`` under ``key``, waking anyone waiting for it."""
+        raw_key, raw_value = as_bytes(key, "key"), as_bytes(value)
+        with self._data.lock:
+            self._data.write(raw_key, raw_value)
+
+    def get(self, key: Data) -> bytes:
+        """Return the value of ``key``, waiting up to the default timeout for it."""
+        raw_key = as_bytes(key, "key")
+        seconds = self._deadline_seconds(None)
+        data = self._data
+        with data.lock:
+            if not data.changed.wait_for(lambda: raw_key in data.values, seconds):
+                raise timeout_error([raw_key], seconds)
+            return data.values[raw_key]
+
+    def add(self, key: Data, amount: int) -> int:
+        """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
+        raw_key = as_bytes(key, "key")
+        with self._data.lock:
+            total = counter_after_add(raw_key, self._data.values.get(raw_key), amount)
+            self._data.write(raw_key, str(total).encode())
+        return total
+
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """Set ``key`` to ``desired`` iff it holds ``expected``; return the value after."""
+        raw_key = as_bytes(key, "key")
+        raw_expected, raw_desired = as_bytes(expected, "expected"), as_bytes(desired, "desired")
+        with self._data.lock:
+            to_store, result = compare_set_result(
+                self._data.values.get(raw_key), raw_expected, raw_desired
+            )
+            if to_store is not None:
+                self._data.write(raw_key, to_store)
+        return result
+
+    def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
+        """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
+        raw_keys = [as_bytes(key, "key") for key in keys]
+        seconds = self._deadline_seconds(timeout)
+        data = self._data
+        with data.lock:
+            if not data.changed.wait_for(lambda: all(map(data.exists, raw_keys)), seconds):
+                raise timeout_error([key for key in raw_keys if not data.exists(key)], seconds)
+
+    def check(self, keys: Sequence[Data]) -> bool:
+        """Whether every key exists, without blocking."""
+        raw_keys = [as_bytes(key, "key") for key in keys]
+        with self._data.lock:
+            return all(map(self._data.exists, raw_keys))
+
+    def delete_key(self, key: Data) -> bool:
+        """Delete ``key``; return whether it existed."""
+        raw_key = as_bytes(key, "key")
+        with self._data.lock:
+            return self._data.values.pop(raw_key, None) is not None
+
+    def num_keys(self) -> int:
+        """The number of keys held (queues are not keys)."""
+        with self._data.lock:
+            return len(self._data.values)
+
+    def append(self, key: Data, value: Data) -> None:
+        """Append ``value`` to the value of ``key``, creating it if missing."""
+        raw_key, raw_value = as_bytes(key, "key"), as_bytes(value)
+        with self._data.lock:
+            self._data.write(raw_key, self._data.values.get(raw_key, b"") + raw_value)
+
+    def list_keys(self) -> list[str]:
+        """The keys held, as ``str``."""
+        with self._data.lock:
+            return [key_text(key) for key in self._data.values]
+
+    def queue_push(self, key: Data, value: Data) -> None:
+        """Push ``value`` onto the queue at ``key``, waking one blocked popper."""
+        raw_key, raw_value = as_bytes(key, "key"), as_bytes(value)
+        data = self._data
+        with data.lock:
+            queue = data.queue(raw_key)
+            queue.values.append(raw_value)
+            queue.pushed.notify()
+            # A non-empty queue makes its key exist for wait() and check().
+            data.changed.notify_all()
+
+    def queue_pop(self, key: Data, block: bool = True) -> bytes:
+        """Pop the oldest value of the queue at ``key``.
+
+        With ``block`` it waits up to the default timeout (``StoreTimeoutError``);
+        without, an empty queue raises ``QueueEmptyError``.
+        """
+        raw_key = as_bytes(key, "key")
+        seconds = self._deadline_seconds(None)
+        with self._data.lock:
+            queue = self._data.queue(raw_key)
+            if not queue.values:
+                if not block:
+                    raise QueueEmptyError(f"queue {key_text(raw_key)!r} is empty")
+                if not queue.pushed.wait_for(lambda: bool(queue.values), seconds):
+                    raise timeout_error([raw_key], seconds, "a value in queue")
+            return queue.values.popleft()
+
+    def queue_len(self, key: Data) -> int:
+        """The number of values in the queue at ``key``."""
+        raw_key = as_bytes(key, "key")
+        with self._data.lock:
+            queue = self._data.queues.get(raw_key)
+            return 0 if queue is None else len(queue.values)

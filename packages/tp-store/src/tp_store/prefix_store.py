@@ -1,0 +1,128 @@
+"""``PrefixStore``: a namespace inside another store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from .base import Data, Store, Timeout, as_bytes
+from .semantics import key_text
+
+
+class PrefixStore(Store):
+    """A view of ``store`` in which every key ``k`` is stored as ``prefix + "/" + k``.
+
+    The timeout, ``num_keys()`` and ``close()`` are those of the underlying
+    store; ``list_keys()`` returns only the keys under the prefix, without it.
+    """
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        # The timeout lives in the underlying store, so Store.__init__ is not called.
+        self._key_prefix = as_bytes(prefix, "prefix") + b"/"
+        self._prefix = key_text(self._key_prefix[:-1])
+        self._store = store
+
+    @property
+    def prefix(self) -> str:
+        """The prefix added to every key (without the ``/`` separator)."""
+        return self._prefix
+
+    @property
+    def underlying_store(self) -> Store:
+        """The store that holds the prefixed keys."""
+        return self._store
+
+    @property
+    def timeout(self) -> timedelta:
+        """The default timeout of the underlying store."""
+        return self._store.timeout
+
+    def set_timeout(self, timeout: Timeout) -> None:
+        """Change the default timeout of the underlying store."""
+        self._store.set_timeout(timeout)
+
+    def has_extended_api(self) -> bool:
+        """Whether the underlying store supports the extended operations."""
+        return self._store.has_extended_api()
+
+    def _key(self, key: Data) -> bytes:
+        return self._key_prefix + as_bytes(key, "key")
+
+    def _keys(self, keys: Sequence[Data]) -> list[bytes]:
+        return [self._key(key) for key in keys]
+
+    def set(self, key: Data, value: Data) -> None:
+        """Store ``value`` under ``key``, waking anyone waiting for it."""
+        self._store.set(self._key(key), value)
+
+    def get(self, key: Data) -> bytes:
+        """Return the value of ``key``, waiting up to the timeout for it to exist."""
+        return self._store.get(self._key(key))
+
+    def add(self, key: Data, amount: int) -> int:
+        """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
+        return self._store.add(self._key(key), amount)
+
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """Set ``key`` to ``desired`` iff it holds ``expected``; return the value after."""
+        return self._store.compare_set(self._key(key), expected, desired)
+
+    def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
+        """Block until every key exists, or raise ``StoreTimeoutError``."""
+        self._store.wait(self._keys(keys), timeout)
+
+    def check(self, keys: Sequence[Data]) -> bool:
+        """Whether every key exists, without blocking."""
+        return self._store.check(self._keys(keys))
+
+    def delete_key(self, key: Data) -> bool:
+        """Delete ``key``; return whether it existed."""
+        return self._store.delete_key(self._key(key))
+
+    def num_keys(self) -> int:
+        """The number of keys of the whole underlying store, as in PyTorch."""
+        return self._store.num_keys()
+
+    def append(self, key: Data, value: Data) -> None:
+        """Append ``value`` to the value of ``key``, creating it if missing."""
+        self._store.append(self._key(key), value)
+
+    def list_keys(self) -> list[str]:
+        """The keys under the prefix, with the prefix removed."""
+        start = self._prefix + "/"
+        return [key[len(start) :] for key in self._store.list_keys() if key.startswith(start)]
+
+    def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
+        """The values of all ``keys``, waiting for all of them to exist."""
+        return self._store.multi_get(self._keys(keys))
+
+    def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
+        """Set every key to its value, in order."""
+        self._store.multi_set(self._keys(keys), values)
+
+    def queue_push(self, key: Data, value: Data) -> None:
+        """Push ``value`` onto the queue at ``key``, waking one blocked popper."""
+        self._store.queue_push(self._key(key), value)
+
+    def queue_pop(self, key: Data, block: bool = True) -> bytes:
+        """Pop the oldest value of the queue at ``key`` (see ``Store.queue_pop``)."""
+        return self._store.queue_pop(self._key(key), block)
+
+    def queue_len(self, key: Data) -> int:
+        """The number of values in the queue at ``key``."""
+        return self._store.queue_len(self._key(key))
+
+    def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
+        """Block until ``world_size`` callers have reached the barrier ``key``."""
+        self._store.barrier(self._key(key), world_size, timeout)
+
+    def clone(self) -> PrefixStore:
+        """The same prefix over a clone of the underlying store."""
+        return PrefixStore(self._prefix, self._store.clone())
+
+    def close(self) -> None:
+        """Close the underlying store."""
+        self._store.close()
+
+    def __repr__(self) -> str:
+        return f"PrefixStore({self._prefix!r}, {self._store!r})"

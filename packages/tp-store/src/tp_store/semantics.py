@@ -1,0 +1,84 @@
+"""The value rules of PyTorch's stores, shared by every store implementation.
+
+Pure functions on ``bytes``: no locking, no I/O. Each store applies them to its
+own data so that ``compare_set``, ``add`` and timeouts behave identically
+everywhere.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Sequence
+
+from .errors import StoreTimeoutError
+
+#: The range of PyTorch's ``int64_t`` counters (and of the wire protocol's ADD).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+_DECIMAL = re.compile(rb"[+-]?[0-9]+")
+
+
+def key_text(key: bytes) -> str:
+    """A key as ``str``; bytes that are not UTF-8 survive as surrogate escapes."""
+    return key.decode("utf-8", "surrogateescape")
+
+
+def compare_set_result(
+    current: bytes | None, expected: bytes, desired: bytes
+) -> tuple[bytes | None, bytes]:
+    """Apply PyTorch's ``compare_set`` rule to the current value (``None`` = missing).
+
+    Returns ``(to_store, result)``: ``to_store`` is the value to write, or
+    ``None`` when the store must be left untouched; ``result`` is what
+    ``compare_set`` returns. The three cases:
+
+    - missing and ``expected`` empty: create with ``desired``, return ``desired``;
+    - missing and ``expected`` non-empty: write nothing, return ``expected``;
+    - present: write ``desired`` iff ``current == expected``; return the value after.
+    """
+    if current is None:
+        if expected:
+            return None, expected
+        return desired, desired
+    if current == expected:
+        return desired, desired
+    return None, current
+
+
+def parse_counter(key: bytes, value: bytes | None) -> int:
+    """The integer a counter holds: ASCII decimal text; missing or empty count as 0.
+
+    Raises ``ValueError`` naming ``key`` for any other value.
+    """
+    if not value:
+        return 0
+    if _DECIMAL.fullmatch(value) is None:
+        raise ValueError(
+            f"key {key_text(key)!r} holds {value[:40]!r}, which is not a decimal integer counter"
+        )
+    return int(value)
+
+
+def counter_after_add(key: bytes, value: bytes | None, amount: int) -> int:
+    """The counter at ``key`` once ``amount`` is added (PyTorch's ``add``).
+
+    Raises ``TypeError`` for a non-integer amount, ``ValueError`` (naming the
+    key) for a non-integer current value and ``OverflowError`` outside int64.
+    """
+    total = parse_counter(key, value) + operator.index(amount)
+    if not INT64_MIN <= total <= INT64_MAX:
+        raise OverflowError(f"adding {amount} to key {key_text(key)!r} leaves the int64 range")
+    return total
+
+
+def timeout_error(
+    keys: Sequence[bytes], seconds: float, waiting_for: str = "keys"
+) -> StoreTimeoutError:
+    """The error of a blocking operation that gave up after ``seconds``, naming ``keys``."""
+    names = [key_text(key) for key in keys]
+    listed = ", ".join(repr(name) for name in names)
+    return StoreTimeoutError(
+        f"timed out after {seconds:g} s waiting for {waiting_for} {listed}", names
+    )
