@@ -81,22 +81,3 @@ def test_a_closed_handle_refuses_work(tmp_path: Path) -> None:
 def test_world_size_must_be_positive_or_minus_one(tmp_path: Path, world_size: int) -> None:
     with pytest.raises(ValueError, match="world_size"):
         FileStore(tmp_path / "store", world_size)
-
-
-@pytest.mark.interop
-def test_pytorch_shares_the_file(tmp_path: Path) -> None:
-    distributed = pytest.importorskip("torch.distributed")
-    path = str(tmp_path / "store")
-    ours = FileStore(path, timeout=5)
-    theirs = distributed.FileStore(path, -1)
-    ours.set("ours", "1")
-    theirs.set("theirs", "2")
-    assert theirs.get("ours") == b"1"
-    assert ours.get("theirs") == b"2"
-    assert theirs.add("n", 5) == 5
-    assert ours.add("n", 2) == 7
-    assert theirs.compare_set("n", "7", "8") == b"8"
-    ours.delete_key("ours")
-    assert not theirs.check(["ours"])
-    assert ours.num_keys() == theirs.num_keys()
-    ours.close()
