@@ -7,6 +7,8 @@ matrix provides the other Python versions.
 
 from __future__ import annotations
 
+import re
+from functools import cache
 from pathlib import Path
 
 import nox
@@ -21,8 +23,24 @@ nox.options.sessions = ["lint", "tests", "integration", "interop"]
 nox.options.reuse_existing_virtualenvs = True
 
 
+@cache
+def _local_dependencies(package: str) -> tuple[str, ...]:
+    """The monorepo packages ``package`` depends on, transitively (they are not on PyPI)."""
+    requirements = nox.project.load_toml(ROOT / "packages" / package / "pyproject.toml")
+    found: list[str] = []
+    for requirement in requirements["project"].get("dependencies", []):
+        name = re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
+        if name in PACKAGES:
+            found += [*_local_dependencies(name), name]
+    return tuple(dict.fromkeys(found))
+
+
 def _local(*names: str, extras: str = "") -> list[str]:
-    return [f"./packages/{name}{extras}" for name in names]
+    """pip arguments installing ``names`` (with ``extras``) and their local dependencies."""
+    dependencies = [dep for name in names for dep in _local_dependencies(name) if dep not in names]
+    return [f"./packages/{dep}" for dep in dict.fromkeys(dependencies)] + [
+        f"./packages/{name}{extras}" for name in names
+    ]
 
 
 @nox.session
