@@ -19,7 +19,7 @@ import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from .errors import ProtocolError
 
@@ -331,113 +331,77 @@ class _NeedMoreData(Exception):
     """The buffer ends inside the current message."""
 
 
-class _Cursor:
-    """Reads fields from a buffer, raising _NeedMoreData when it runs out."""
+class _Field(enum.Enum):
+    """The field types of requests, in wire order."""
 
-    __slots__ = ("buf", "end", "limits", "pos")
-
-    def __init__(self, buf: bytearray, pos: int, limits: Limits) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.end = len(buf)
-        self.limits = limits
-
-    def _take(self, size: int) -> int:
-        start = self.pos
-        if start + size > self.end:
-            raise _NeedMoreData
-        self.pos = start + size
-        return start
-
-    def u32(self) -> int:
-        value: int = _U32.unpack_from(self.buf, self._take(4))[0]
-        return value
-
-    def i64(self) -> int:
-        value: int = _I64.unpack_from(self.buf, self._take(8))[0]
-        return value
-
-    def count(self, signed: bool = False) -> int:
-        start = self._take(8)
-        value: int = (_I64 if signed else _U64).unpack_from(self.buf, start)[0]
-        if value < 0 or value > self.limits.max_keys_per_request:
-            raise ProtocolError(f"key count {value} outside 0..{self.limits.max_keys_per_request}")
-        return value
-
-    def _blob(self, limit: int, what: str) -> bytes:
-        size: int = _U64.unpack_from(self.buf, self._take(8))[0]
-        if size > limit:
-            raise ProtocolError(f"{what} of {size} bytes exceeds the limit of {limit}")
-        start = self._take(size)
-        return bytes(self.buf[start : start + size])
-
-    def key(self) -> bytes:
-        return self._blob(self.limits.max_key_bytes, "key")
-
-    def value(self) -> bytes:
-        return self._blob(self.limits.max_value_bytes, "value")
-
-    def keys(self) -> tuple[bytes, ...]:
-        return tuple([self.key() for _ in range(self.count())])
+    U32 = enum.auto()
+    I64 = enum.auto()
+    KEY = enum.auto()
+    VALUE = enum.auto()
+    KEYS = enum.auto()  # u64 count, then that many keys
+    ITEMS = enum.auto()  # i64 count, then that many (key, value) pairs
 
 
-def _parse_body(opcode: int, cur: _Cursor) -> Request:
-    if opcode == Opcode.GET:
-        return Get(cur.key())
-    if opcode == Opcode.ADD:
-        return Add(cur.key(), cur.i64())
-    if opcode == Opcode.SET:
-        return Set(cur.key(), cur.value())
-    if opcode == Opcode.WAIT_GET:
-        return WaitGet(cur.keys())
-    if opcode == Opcode.COMPARE_SET:
-        return CompareSet(cur.key(), cur.value(), cur.value())
-    if opcode == Opcode.WAIT:
-        return Wait(cur.keys())
-    if opcode == Opcode.CHECK:
-        return Check(cur.keys())
-    if opcode == Opcode.MULTI_GET:
-        return MultiGet(cur.keys())
-    if opcode == Opcode.MULTI_SET:
-        n = cur.count(signed=True)
-        return MultiSet(tuple([(cur.key(), cur.value()) for _ in range(n)]))
-    if opcode == Opcode.APPEND:
-        return Append(cur.key(), cur.value())
-    if opcode == Opcode.DELETE_KEY:
-        return DeleteKey(cur.key())
-    if opcode == Opcode.GETNUMKEYS:
-        return GetNumKeys()
-    if opcode == Opcode.CANCEL_WAIT:
-        return CancelWait()
-    if opcode == Opcode.PING:
-        return Ping(cur.u32())
-    if opcode == Opcode.QUEUE_PUSH:
-        return QueuePush(cur.key(), cur.value())
-    if opcode == Opcode.QUEUE_POP:
-        return QueuePop(cur.key())
-    if opcode == Opcode.QUEUE_LEN:
-        return QueueLen(cur.key())
-    if opcode == Opcode.LIST_KEYS:
-        return ListKeys()
-    if opcode == Opcode.BARRIER:
-        return Barrier(cur.key(), cur.i64())
-    if opcode == Opcode.VALIDATE:
-        return Validate(cur.u32())
-    raise ProtocolError(f"unknown opcode {opcode}")
+#: Each opcode's request type and fields: the one description both the
+#: parser and the encoders (``encode`` methods) follow.
+_LAYOUTS: dict[int, tuple[type[Request], tuple[_Field, ...]]] = {
+    Opcode.VALIDATE: (Validate, (_Field.U32,)),
+    Opcode.SET: (Set, (_Field.KEY, _Field.VALUE)),
+    Opcode.COMPARE_SET: (CompareSet, (_Field.KEY, _Field.VALUE, _Field.VALUE)),
+    Opcode.GET: (Get, (_Field.KEY,)),
+    Opcode.ADD: (Add, (_Field.KEY, _Field.I64)),
+    Opcode.CHECK: (Check, (_Field.KEYS,)),
+    Opcode.WAIT: (Wait, (_Field.KEYS,)),
+    Opcode.GETNUMKEYS: (GetNumKeys, ()),
+    Opcode.DELETE_KEY: (DeleteKey, (_Field.KEY,)),
+    Opcode.APPEND: (Append, (_Field.KEY, _Field.VALUE)),
+    Opcode.MULTI_GET: (MultiGet, (_Field.KEYS,)),
+    Opcode.MULTI_SET: (MultiSet, (_Field.ITEMS,)),
+    Opcode.CANCEL_WAIT: (CancelWait, ()),
+    Opcode.PING: (Ping, (_Field.U32,)),
+    Opcode.QUEUE_PUSH: (QueuePush, (_Field.KEY, _Field.VALUE)),
+    Opcode.QUEUE_POP: (QueuePop, (_Field.KEY,)),
+    Opcode.QUEUE_LEN: (QueueLen, (_Field.KEY,)),
+    Opcode.LIST_KEYS: (ListKeys, ()),
+    Opcode.BARRIER: (Barrier, (_Field.KEY, _Field.I64)),
+    Opcode.WAIT_GET: (WaitGet, (_Field.KEYS,)),
+}
+
+
+class _Progress:
+    """How far the parser got into the request at the front of the buffer.
+
+    Kept across :meth:`RequestParser.feed` calls, so a request that arrives in
+    many pieces is parsed once, never rescanned from its first byte.
+    """
+
+    __slots__ = ("fields", "group", "index", "layout", "pos", "remaining", "request_type")
+
+    def __init__(self, request_type: type[Request], layout: tuple[_Field, ...]) -> None:
+        self.request_type = request_type
+        self.layout = layout
+        self.index = 0  # the next field of layout
+        self.pos = 1  # the next unread byte, just past the opcode
+        # Typed by the layout table, which matches each request's constructor.
+        self.fields: list[Any] = []
+        self.group: list[bytes] = []  # keys, or keys and values alternately
+        self.remaining = -1  # entries of the group still to read; -1 before its count
 
 
 class RequestParser:
     """Turns a byte stream from one client into requests.
 
     The first request must be a VALIDATE with the right magic, as PyTorch's
-    servers require. Any violation raises :class:`ProtocolError`; the caller
-    should then drop the connection.
+    servers require. Any violation raises :class:`ProtocolError` as soon as
+    the offending bytes arrive (a length over a limit is refused from its
+    prefix alone); the caller should then drop the connection.
     """
 
     def __init__(self, limits: Limits | None = None) -> None:
         self._limits = limits or Limits()
         self._buf = bytearray()
         self._validated = False
+        self._progress: _Progress | None = None
 
     def feed(self, data: bytes) -> None:
         """Add bytes received from the client."""
@@ -445,27 +409,99 @@ class RequestParser:
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet parsed into a request."""
+        """Bytes received but not yet returned as requests."""
         return len(self._buf)
 
     def __iter__(self) -> Iterator[Request]:
         return self
 
     def __next__(self) -> Request:
-        buf = self._buf
-        if not buf:
-            raise StopIteration
-        cur = _Cursor(buf, 1, self._limits)
+        progress = self._progress
+        if progress is None:
+            if not self._buf:
+                raise StopIteration
+            progress = self._progress = self._start(self._buf[0])
         try:
-            request = _parse_body(buf[0], cur)
+            self._advance(progress)
         except _NeedMoreData:
             raise StopIteration from None
-        del buf[: cur.pos]
+        self._progress = None
+        del self._buf[: progress.pos]
+        request = progress.request_type(*progress.fields)
         if not self._validated:
             if not isinstance(request, Validate) or request.magic != VALIDATE_MAGIC:
                 raise ProtocolError(f"first message must be VALIDATE, got {request!r:.80}")
             self._validated = True
         return request
+
+    def _start(self, opcode: int) -> _Progress:
+        layout = _LAYOUTS.get(opcode)
+        if layout is None:
+            raise ProtocolError(f"unknown opcode {opcode}")
+        if not self._validated and opcode != Opcode.VALIDATE:
+            raise ProtocolError(f"first message must be VALIDATE, got opcode {opcode}")
+        return _Progress(*layout)
+
+    def _advance(self, progress: _Progress) -> None:
+        """Read whole fields until the request is complete (or raise _NeedMoreData)."""
+        layout = progress.layout
+        limits = self._limits
+        while progress.index < len(layout):
+            kind = layout[progress.index]
+            if kind is _Field.KEY:
+                progress.fields.append(self._blob(progress, limits.max_key_bytes, "key"))
+            elif kind is _Field.VALUE:
+                progress.fields.append(self._blob(progress, limits.max_value_bytes, "value"))
+            elif kind is _Field.I64:
+                progress.fields.append(self._number(progress, _I64))
+            elif kind is _Field.U32:
+                progress.fields.append(self._number(progress, _U32))
+            else:
+                progress.fields.append(self._group(progress, kind is _Field.ITEMS))
+            progress.index += 1
+
+    def _group(self, progress: _Progress, items: bool) -> tuple[object, ...]:
+        limits = self._limits
+        if progress.remaining < 0:
+            count = self._number(progress, _I64 if items else _U64)
+            if not 0 <= count <= limits.max_keys_per_request:
+                raise ProtocolError(f"key count {count} outside 0..{limits.max_keys_per_request}")
+            progress.remaining = 2 * count if items else count
+        group = progress.group
+        while progress.remaining:
+            is_value = items and len(group) % 2 == 1
+            if is_value:
+                group.append(self._blob(progress, limits.max_value_bytes, "value"))
+            else:
+                group.append(self._blob(progress, limits.max_key_bytes, "key"))
+            progress.remaining -= 1
+        progress.group = []
+        progress.remaining = -1
+        if items:
+            return tuple(zip(group[::2], group[1::2], strict=True))
+        return tuple(group)
+
+    def _number(self, progress: _Progress, kind: struct.Struct) -> int:
+        start = progress.pos
+        if start + kind.size > len(self._buf):
+            raise _NeedMoreData
+        value: int = kind.unpack_from(self._buf, start)[0]
+        progress.pos = start + kind.size
+        return value
+
+    def _blob(self, progress: _Progress, limit: int, what: str) -> bytes:
+        buf = self._buf
+        start = progress.pos
+        if start + 8 > len(buf):
+            raise _NeedMoreData
+        size: int = _U64.unpack_from(buf, start)[0]
+        if size > limit:
+            raise ProtocolError(f"{what} of {size} bytes exceeds the limit of {limit}")
+        end = start + 8 + size
+        if end > len(buf):
+            raise _NeedMoreData
+        progress.pos = end
+        return bytes(buf[start + 8 : end])
 
 
 # ---------------------------------------------------------------------------

@@ -86,6 +86,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self._pending: Waiter | BarrierWaiter | None = None
+        self._writing_paused = False
 
     # -- asyncio callbacks ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -105,23 +106,36 @@ class _Connection(asyncio.Protocol):
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
+        self._parser.feed(data)
+        self._serve()
+
+    def pause_writing(self) -> None:
+        # The client is not reading its replies: stop reading its requests
+        # until it catches up, so its replies cannot pile up in memory.
+        self._writing_paused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._transport is not None:
+            self._transport.resume_reading()
+            self._serve()
+
+    def _serve(self) -> None:
+        """Apply the buffered requests until they run out or the client stops reading."""
         transport = self._transport
         if transport is None:
             return
-        self._parser.feed(data)
-        replies: list[bytes] = []
         try:
             for request in self._parser:
                 reply = self._apply(request)
                 if reply:
-                    replies.append(reply)
+                    transport.write(reply)
+                if self._writing_paused:
+                    return
         except (ValueError, OverflowError) as exc:  # ProtocolError, or a bad ADD
-            if replies:
-                transport.write(b"".join(replies))
             self.close(f"{exc}")
-            return
-        if replies:
-            transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
 
     def close(self, reason: str, level: int = logging.WARNING) -> None:
         """Drop this connection, logging why."""
