@@ -19,7 +19,10 @@ PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproje
 TORCH = "torch==2.13.0"
 TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
 
-nox.options.sessions = ["lint", "tests", "integration", "interop"]
+# A third-party backend as its author would ship it; it is not one of our packages.
+EXAMPLE_BACKEND = "examples/third_party_backend"
+
+nox.options.sessions = ["lint", "tests", "example_backend", "integration", "interop"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -58,6 +61,13 @@ def tests(session: nox.Session, package: str) -> None:
     """One package's own tests, with only that package and its dependencies installed."""
     session.install(*TEST_TOOLS, *_local(package, extras="[test]"))
     session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
+@nox.session
+def example_backend(session: nox.Session) -> None:
+    """The example third-party backend, installed with only tp-rdzv-api (and tp-store)."""
+    session.install(*TEST_TOOLS, *_local("tp-rdzv-api"), f"./{EXAMPLE_BACKEND}[test]")
+    session.run("pytest", f"{EXAMPLE_BACKEND}/tests", *session.posargs)
 
 
 @nox.session
