@@ -10,9 +10,6 @@ membership every time it is called.
 
 from __future__ import annotations
 
-import math
-from datetime import timedelta
-
 from tp_rdzv_api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -22,8 +19,10 @@ from tp_rdzv_api import (
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
+from tp_rdzv_api.coercion import to_int, to_seconds
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
 from tp_store import PrefixStore, StoreConnectionError, StoreTimeoutError, TCPStore
+from tp_store.server import format_endpoint
 
 __all__ = ["DEFAULT_PORT", "StaticTCPRendezvous", "create_handler", "create_rdzv_handler"]
 
@@ -33,37 +32,6 @@ DEFAULT_PORT = 29400
 _DEFAULT_TIMEOUT = 600
 #: Where ``set_closed`` leaves its mark, outside the run's user namespace.
 _CLOSED_KEY = "tp_rdzv_static/closed/"
-
-
-def _format_endpoint(host: str, port: int) -> str:
-    """``host:port``, with an IPv6 address in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _seconds(value: object, what: str) -> float:
-    """A positive, finite number of seconds from a number, a numeric string or a timedelta."""
-    seconds: float
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        try:
-            seconds = float(value.strip())
-        except ValueError:
-            raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
-    else:
-        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
-    return seconds
-
-
-def _as_int(value: object, what: str) -> int:
-    """An ``int`` (not a ``bool``), or a ``ValueError`` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {value!r}")
-    return value
 
 
 class StaticTCPRendezvous(RendezvousHandler):
@@ -126,10 +94,10 @@ class StaticTCPRendezvous(RendezvousHandler):
             self._num_nodes = params.max_nodes
             self._run_id = params.run_id
             self._local_addr: str | None = params.local_addr or None
-            if params.get("read_timeout") is not None:
-                read_timeout = _seconds(params.get("read_timeout"), "read_timeout")
-            elif params.get("timeout") is not None:
-                read_timeout = _seconds(params.get("timeout"), "timeout")
+            for key in ("read_timeout", "timeout"):
+                if params.get(key) is not None:
+                    read_timeout = to_seconds(key, params.get(key)).total_seconds()
+                    break
             else:
                 read_timeout = params.timeout.join.total_seconds()
             is_master = self._rank == 0 and bool(params.get_as_bool("start_daemon", True))
@@ -140,16 +108,16 @@ class StaticTCPRendezvous(RendezvousHandler):
                     f"got {type(params).__name__}"
                 )
             self._host = params.strip()
-            self._port = 0 if master_port is None else _as_int(master_port, "master_port")
+            self._port = 0 if master_port is None else to_int("master_port", master_port)
             if not 0 <= self._port <= 65535:
                 raise ValueError(f"master_port must be in 0..65535, got {self._port}")
-            self._rank = _as_int(rank, "rank")
-            self._num_nodes = _as_int(world_size, "world_size")
+            self._rank = to_int("rank", rank)
+            self._num_nodes = to_int("world_size", world_size)
             self._run_id = run_id
             # build() then publishes the store's own host (or this machine's name
             # when the store binds every interface).
             self._local_addr = None
-            read_timeout = _seconds(timeout, "timeout")
+            read_timeout = to_seconds("timeout", timeout).total_seconds()
             is_master = self._rank == 0
         if self._num_nodes < 1:
             raise ValueError(f"the world size must be >= 1, got {self._num_nodes}")
@@ -164,7 +132,7 @@ class StaticTCPRendezvous(RendezvousHandler):
                 "that hosts the store may ask for a free port (0)"
             )
         self._is_master = is_master
-        self._endpoint = _format_endpoint(self._host, self._port)
+        self._endpoint = format_endpoint(self._host, self._port)
         self._bootstrap: RendezvousStoreInfo | None = None
         try:
             self._store = TCPStore(
