@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ import pytest
 
 from tp_store import StoreConnectionError, StoreTimeoutError, TCPStore
 from tp_store.demo import run as run_demo
+from tp_store.server import DEFAULT_BACKLOG
 
 
 @pytest.fixture
@@ -232,3 +235,15 @@ def test_demo_runs_workers_through_the_store() -> None:
     assert summary.ok
     assert summary.adds == 60
     assert "OK: 3 workers" in out.getvalue()
+
+
+def test_listen_backlog_is_the_one_configured(master: TCPStore) -> None:
+    # A short accept queue drops connections in a storm (a second of SYN retries
+    # each): the backlog must survive asyncio re-listening with its default of 100.
+    assert master.server is not None
+    listener = master.server._servers[0].sockets[0]
+    with socket.socket(fileno=os.dup(listener.fileno())) as sock:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    max_backlog = struct.unpack_from("<I", info, 28)[0]  # tcpi_sacked, for a listener
+    with open("/proc/sys/net/core/somaxconn") as limit:
+        assert max_backlog == min(DEFAULT_BACKLOG, int(limit.read()))

@@ -303,7 +303,11 @@ class StoreServer:
             sockets = _bind_with_retry(self.host, self.port, self.backlog)
         self.port = sockets[0].getsockname()[1]
         for sock in sockets:
-            self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
+            # create_server listens again: give it our backlog, not its default of 100.
+            server = await loop.create_server(
+                lambda: _Connection(self), sock=sock, backlog=self.backlog
+            )
+            self._servers.append(server)
         log.info("store server listening on %s", self.endpoint)
 
     async def close(self) -> None:
