@@ -158,13 +158,13 @@ class _Connection(asyncio.Protocol):
                 state.set(key, value)
                 return None
             case WaitGet(keys=keys):
-                if self._park(Waiter(keys, self._wake_with_values)):
+                if self._park(keys, self._wake_with_values):
                     return encode_wait_get(state.multi_get(keys))
                 return None
             case CompareSet(key=key, expected=expected, desired=desired):
                 return encode_bytes(state.compare_set(key, expected, desired))
             case Wait(keys=keys):
-                return _STOP_WAITING if self._park(Waiter(keys, self._wake)) else None
+                return _STOP_WAITING if self._park(keys, self._wake) else None
             case Check(keys=keys):
                 return _READY if state.check(keys) else _NOT_READY
             case MultiGet(keys=keys):
@@ -203,10 +203,12 @@ class _Connection(asyncio.Protocol):
                 return None
         raise ProtocolError(f"unhandled request {request!r:.80}")  # pragma: no cover
 
-    def _park(self, waiter: Waiter) -> bool:
-        """True if the keys exist already; else the wait stays pending until woken."""
-        if self._state.park(waiter):
+    def _park(self, keys: tuple[bytes, ...], wake: Callable[[Waiter], None]) -> bool:
+        """True if the keys exist already; else a wait stays pending until ``wake``."""
+        if self._state.check(keys):  # the common case: no waiter to build
             return True
+        waiter = Waiter(keys, wake)
+        self._state.park(waiter)
         self._pending = waiter
         return False
 
