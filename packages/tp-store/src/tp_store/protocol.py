@@ -17,8 +17,8 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Final
 
 from .errors import ProtocolError
@@ -37,8 +37,6 @@ _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
-_OP_U64 = struct.Struct("<BQ")
-_OP_U32 = struct.Struct("<BI")
 
 
 class Opcode(enum.IntEnum):
@@ -109,193 +107,143 @@ def _fields(items: Sequence[bytes]) -> bytes:
     return b"".join([_U64.pack(len(item)) + item for item in items])
 
 
+class Message:
+    """Base of every request: it knows its opcode and encodes itself by its layout."""
+
+    __slots__ = ()
+    opcode: ClassVar[Opcode]
+
+    def encode(self) -> bytes:
+        """The request as bytes on the wire."""
+        return encode_request(self)
+
+
 @dataclass(frozen=True)
-class Validate:
+class Validate(Message):
     """First message of every connection."""
 
     opcode: ClassVar[Opcode] = Opcode.VALIDATE
     magic: int = VALIDATE_MAGIC
 
-    def encode(self) -> bytes:
-        return _OP_U32.pack(self.opcode, self.magic)
-
 
 @dataclass(frozen=True)
-class Set:
+class Set(Message):
     opcode: ClassVar[Opcode] = Opcode.SET
     key: bytes
     value: bytes
 
-    def encode(self) -> bytes:
-        return b"\x01" + _field(self.key) + _field(self.value)
-
 
 @dataclass(frozen=True)
-class CompareSet:
+class CompareSet(Message):
     opcode: ClassVar[Opcode] = Opcode.COMPARE_SET
     key: bytes
     expected: bytes
     desired: bytes
 
-    def encode(self) -> bytes:
-        return b"\x02" + _field(self.key) + _field(self.expected) + _field(self.desired)
-
 
 @dataclass(frozen=True)
-class Get:
+class Get(Message):
     opcode: ClassVar[Opcode] = Opcode.GET
     key: bytes
 
-    def encode(self) -> bytes:
-        return b"\x03" + _field(self.key)
-
 
 @dataclass(frozen=True)
-class Add:
+class Add(Message):
     opcode: ClassVar[Opcode] = Opcode.ADD
     key: bytes
     delta: int
 
-    def encode(self) -> bytes:
-        return b"\x04" + _field(self.key) + _I64.pack(self.delta)
-
 
 @dataclass(frozen=True)
-class Check:
+class Check(Message):
     opcode: ClassVar[Opcode] = Opcode.CHECK
     keys: tuple[bytes, ...]
 
-    def encode(self) -> bytes:
-        return _OP_U64.pack(self.opcode, len(self.keys)) + _fields(self.keys)
-
 
 @dataclass(frozen=True)
-class Wait:
+class Wait(Message):
     opcode: ClassVar[Opcode] = Opcode.WAIT
     keys: tuple[bytes, ...]
 
-    def encode(self) -> bytes:
-        return _OP_U64.pack(self.opcode, len(self.keys)) + _fields(self.keys)
-
 
 @dataclass(frozen=True)
-class GetNumKeys:
+class GetNumKeys(Message):
     opcode: ClassVar[Opcode] = Opcode.GETNUMKEYS
 
-    def encode(self) -> bytes:
-        return b"\x07"
-
 
 @dataclass(frozen=True)
-class DeleteKey:
+class DeleteKey(Message):
     opcode: ClassVar[Opcode] = Opcode.DELETE_KEY
     key: bytes
 
-    def encode(self) -> bytes:
-        return b"\x08" + _field(self.key)
-
 
 @dataclass(frozen=True)
-class Append:
+class Append(Message):
     opcode: ClassVar[Opcode] = Opcode.APPEND
     key: bytes
     value: bytes
 
-    def encode(self) -> bytes:
-        return b"\x09" + _field(self.key) + _field(self.value)
-
 
 @dataclass(frozen=True)
-class MultiGet:
+class MultiGet(Message):
     opcode: ClassVar[Opcode] = Opcode.MULTI_GET
     keys: tuple[bytes, ...]
 
-    def encode(self) -> bytes:
-        return _OP_U64.pack(self.opcode, len(self.keys)) + _fields(self.keys)
-
 
 @dataclass(frozen=True)
-class MultiSet:
+class MultiSet(Message):
     opcode: ClassVar[Opcode] = Opcode.MULTI_SET
     items: tuple[tuple[bytes, bytes], ...]
 
-    def encode(self) -> bytes:
-        body = b"".join([_field(key) + _field(value) for key, value in self.items])
-        return b"\x0b" + _I64.pack(len(self.items)) + body
-
 
 @dataclass(frozen=True)
-class CancelWait:
+class CancelWait(Message):
     opcode: ClassVar[Opcode] = Opcode.CANCEL_WAIT
 
-    def encode(self) -> bytes:
-        return b"\x0c"
-
 
 @dataclass(frozen=True)
-class Ping:
+class Ping(Message):
     opcode: ClassVar[Opcode] = Opcode.PING
     nonce: int
 
-    def encode(self) -> bytes:
-        return _OP_U32.pack(self.opcode, self.nonce)
-
 
 @dataclass(frozen=True)
-class QueuePush:
+class QueuePush(Message):
     opcode: ClassVar[Opcode] = Opcode.QUEUE_PUSH
     key: bytes
     value: bytes
 
-    def encode(self) -> bytes:
-        return b"\x0e" + _field(self.key) + _field(self.value)
-
 
 @dataclass(frozen=True)
-class QueuePop:
+class QueuePop(Message):
     opcode: ClassVar[Opcode] = Opcode.QUEUE_POP
     key: bytes
 
-    def encode(self) -> bytes:
-        return b"\x0f" + _field(self.key)
-
 
 @dataclass(frozen=True)
-class QueueLen:
+class QueueLen(Message):
     opcode: ClassVar[Opcode] = Opcode.QUEUE_LEN
     key: bytes
 
-    def encode(self) -> bytes:
-        return b"\x10" + _field(self.key)
-
 
 @dataclass(frozen=True)
-class ListKeys:
+class ListKeys(Message):
     opcode: ClassVar[Opcode] = Opcode.LIST_KEYS
 
-    def encode(self) -> bytes:
-        return b"\x11"
-
 
 @dataclass(frozen=True)
-class Barrier:
+class Barrier(Message):
     opcode: ClassVar[Opcode] = Opcode.BARRIER
     key: bytes
     world_size: int
 
-    def encode(self) -> bytes:
-        return b"\x12" + _field(self.key) + _I64.pack(self.world_size)
-
 
 @dataclass(frozen=True)
-class WaitGet:
+class WaitGet(Message):
     """Extension: WAIT then MULTI_GET in one round trip."""
 
     opcode: ClassVar[Opcode] = Opcode.WAIT_GET
     keys: tuple[bytes, ...]
-
-    def encode(self) -> bytes:
-        return _OP_U64.pack(self.opcode, len(self.keys)) + _fields(self.keys)
 
 
 Request = (
@@ -366,6 +314,38 @@ _LAYOUTS: dict[int, tuple[type[Request], tuple[_Field, ...]]] = {
     Opcode.BARRIER: (Barrier, (_Field.KEY, _Field.I64)),
     Opcode.WAIT_GET: (WaitGet, (_Field.KEYS,)),
 }
+
+
+def _encode_items(items: Sequence[tuple[bytes, bytes]]) -> bytes:
+    return _I64.pack(len(items)) + b"".join([_field(k) + _field(v) for k, v in items])
+
+
+_FIELD_ENCODERS: dict[_Field, Callable[[Any], bytes]] = {
+    _Field.U32: _U32.pack,
+    _Field.I64: _I64.pack,
+    _Field.KEY: _field,
+    _Field.VALUE: _field,
+    _Field.KEYS: lambda keys: _U64.pack(len(keys)) + _fields(keys),
+    _Field.ITEMS: _encode_items,
+}
+
+#: Per request type: its opcode byte, and an encoder for each field in wire order.
+_ENCODERS: dict[type[Message], tuple[bytes, tuple[tuple[str, Callable[[Any], bytes]], ...]]] = {
+    request_type: (
+        bytes((opcode,)),
+        tuple(
+            (field.name, _FIELD_ENCODERS[kind])
+            for field, kind in zip(fields(request_type), layout, strict=True)
+        ),
+    )
+    for opcode, (request_type, layout) in _LAYOUTS.items()
+}
+
+
+def encode_request(request: Message) -> bytes:
+    """``request`` as bytes on the wire: its opcode, then its fields as its layout says."""
+    opcode, encoders = _ENCODERS[type(request)]
+    return opcode + b"".join([encode(getattr(request, name)) for name, encode in encoders])
 
 
 class _Progress:
