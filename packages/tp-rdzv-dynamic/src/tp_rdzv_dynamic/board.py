@@ -1,0 +1,263 @@
+"""The store keys through which nodes and the steward talk (see docs/design).
+
+Every store failure leaves this module as a
+:class:`~tp_rdzv_api.RendezvousConnectionError` naming the run, so callers
+deal with one exception type.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tp_rdzv_api import RendezvousConnectionError
+from tp_store import QueueEmptyError, Store, StoreError, StoreTimeoutError
+
+from .decisions import Event, Join, Leave
+from .node import _NodeDesc
+from .state import RoundOutcome, decode_outcome
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: The most messages the steward takes from the mailbox before deciding.
+MAX_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The steward lease as read from the store: who holds it and its heartbeat."""
+
+    raw: bytes
+    epoch: int
+    holder: str  # a node key, or "" when vacant
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Lease:
+        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0."""
+        parts = raw.split(b" ")
+        try:
+            epoch = int(parts[0]) if len(parts) == 3 else 0
+            holder = parts[1].decode() if len(parts) == 3 and parts[1] != b"-" else ""
+        except (ValueError, UnicodeDecodeError):
+            return cls(raw, 0, "")
+        return cls(raw, epoch, holder)
+
+    @staticmethod
+    def encode(epoch: int, holder: str, beat: int) -> bytes:
+        """The lease value held by ``holder`` (``""`` for vacant) at heartbeat ``beat``."""
+        return f"{epoch} {holder or '-'} {beat}".encode()
+
+
+def encode_message(event: Event, receipt: str | None = None) -> bytes:
+    """A mailbox message carrying ``event``."""
+    node = event.node
+    document: dict[str, object] = {
+        "op": "join" if isinstance(event, Join) else "leave",
+        "node": [node.addr, node.pid, node.local_id],
+    }
+    if isinstance(event, Join) and event.hint is not None:
+        document["hint"] = event.hint
+    if receipt is not None:
+        document["receipt"] = receipt
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_message(raw: bytes) -> tuple[Event | None, str | None]:
+    """The event (``None`` for a wake-up) and receipt in a mailbox message.
+
+    Raises ``ValueError`` if the message is malformed.
+    """
+    document = json.loads(raw)
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    if document.get("op") == "wake":
+        return None, None
+    fields = document.get("node")
+    if (
+        not isinstance(fields, list)
+        or len(fields) != 3
+        or not isinstance(fields[0], str)
+        or not fields[0]
+        or any(type(item) is not int or item < 0 for item in fields[1:])
+    ):
+        raise ValueError(f"bad node {fields!r}")
+    node = _NodeDesc(fields[0], fields[1], fields[2])
+    receipt = document.get("receipt")
+    if receipt is not None and not isinstance(receipt, str):
+        raise ValueError(f"bad receipt {receipt!r}")
+    op = document.get("op")
+    if op == "leave":
+        return Leave(node), receipt
+    if op != "join":
+        raise ValueError(f"unknown op {op!r}")
+    hint = document.get("hint")
+    if hint is not None and (type(hint) is not int or hint < 0):
+        raise ValueError(f"bad hint {hint!r}")
+    return Join(node, hint), receipt
+
+
+class RendezvousBoard:
+    """The side channels of one run on one store connection (not thread-safe)."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self._prefix = f"tp_rdzv/{run_id}/"
+        self._mailbox = self._key("mailbox")
+        self._lease = self._key("steward")
+        self._closed = self._key("closed")
+        self._round = self._key("round")
+        self._waiting = self._key("waiting")
+        self._pending = self._key("pending")
+
+    def _key(self, name: str) -> str:
+        return self._prefix + name
+
+    def outcome_key(self, round_: int) -> str:
+        """Where the outcome of ``round_`` is published."""
+        return self._key(f"result/{round_}")
+
+    def heartbeat_key(self, node: _NodeDesc) -> str:
+        """The heartbeat counter of ``node``."""
+        return self._key(f"hb/{node.key}")
+
+    @contextmanager
+    def _store_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except StoreError as exc:
+            raise RendezvousConnectionError(
+                f"rendezvous {self.run_id!r}: the store failed while {what}: {exc}"
+            ) from exc
+
+    def _call(self, what: str, operation: Callable[[], _T]) -> _T:
+        with self._store_errors(what):
+            return operation()
+
+    # -- what every node does -------------------------------------------------
+    def beat(self, node: _NodeDesc) -> None:
+        """One heartbeat of ``node``."""
+        self._call("sending a heartbeat", lambda: self.store.add(self.heartbeat_key(node), 1))
+
+    def post(self, event: Event, receipt: str | None = None) -> None:
+        """Put ``event`` in the mailbox for the steward."""
+        message = encode_message(event, receipt)
+        self._call("posting to the mailbox", lambda: self.store.queue_push(self._mailbox, message))
+
+    def is_closed(self) -> bool:
+        """Whether the rendezvous has been closed."""
+        return self._call("checking for closure", lambda: self.store.check([self._closed]))
+
+    def round_hint(self) -> int:
+        """The round a joining node should wait for first."""
+        return self._call("reading the round", lambda: self.store.add(self._round, 0))
+
+    def waiting(self) -> int:
+        """The number of nodes in the wait list."""
+        return self._call("reading the wait list", lambda: self.store.add(self._waiting, 0))
+
+    def pending(self) -> int:
+        """The number of nodes gathered in the open round."""
+        return self._call("reading the open round", lambda: self.store.add(self._pending, 0))
+
+    def await_outcome(self, round_: int, timeout: float) -> RoundOutcome | None:
+        """The outcome of ``round_`` once published, or ``None`` after ``timeout`` seconds."""
+        key = self.outcome_key(round_)
+        with self._store_errors(f"waiting for round {round_}"):
+            try:
+                self.store.wait([key], timeout)
+            except StoreTimeoutError:
+                return None
+            raw = self.store.get(key)
+        return decode_outcome(raw, key)
+
+    def read_lease(self) -> Lease:
+        """The steward lease (created vacant if missing), in one round trip."""
+        raw = self._call("reading the lease", lambda: self.store.compare_set(self._lease, "", ""))
+        return Lease.parse(raw)
+
+    def swap_lease(self, seen: bytes, desired: bytes) -> bool:
+        """Replace the lease if it still holds ``seen``; whether it now holds ``desired``."""
+        held = self._call(
+            "taking the lease", lambda: self.store.compare_set(self._lease, seen, desired)
+        )
+        return held == desired
+
+    def await_receipt(self, receipt: str, timeout: float) -> bool:
+        """Whether the steward confirmed ``receipt`` within ``timeout`` seconds."""
+        with self._store_errors("waiting for a receipt"):
+            try:
+                self.store.wait([self._key(receipt)], timeout)
+            except StoreTimeoutError:
+                return False
+        return True
+
+    def close(self) -> None:
+        """Mark the rendezvous closed (the key only; the state is the backend's)."""
+        self._call("closing", lambda: self.store.set(self._closed, "1"))
+
+    def publish(self, round_: int, outcome: bytes) -> bytes:
+        """Publish the outcome of ``round_`` unless one is there; return what is there."""
+        key = self.outcome_key(round_)
+        return self._call(
+            f"publishing round {round_}", lambda: self.store.compare_set(key, "", outcome)
+        )
+
+    # -- what only the steward does -------------------------------------------
+    def await_mail(self, timeout: float) -> bool:
+        """Whether the mailbox holds a message within ``timeout`` seconds."""
+        with self._store_errors("waiting for the mailbox"):
+            try:
+                self.store.wait([self._mailbox], timeout)
+            except StoreTimeoutError:
+                return False
+        return True
+
+    def take_mail(self) -> list[tuple[Event | None, str | None]]:
+        """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped."""
+        messages: list[tuple[Event | None, str | None]] = []
+        with self._store_errors("reading the mailbox"):
+            while len(messages) < MAX_BATCH:
+                try:
+                    raw = self.store.queue_pop(self._mailbox, block=False)
+                except QueueEmptyError:
+                    break
+                try:
+                    messages.append(decode_message(raw))
+                except (ValueError, UnicodeDecodeError) as exc:
+                    log.warning(
+                        "rendezvous %r: dropped a malformed mailbox message %r: %s",
+                        self.run_id,
+                        raw[:200],
+                        exc,
+                    )
+        return messages
+
+    def sample_heartbeats(self, nodes: Sequence[_NodeDesc]) -> list[bytes]:
+        """The heartbeat counters of ``nodes`` (every one exists: nodes beat before posting)."""
+        keys = [self.heartbeat_key(node) for node in nodes]
+        return self._call("reading heartbeats", lambda: self.store.multi_get(keys) if keys else [])
+
+    def publish_counters(self, round_hint: int, waiting: int, pending: int) -> None:
+        """Publish the counters nodes read with ``add(key, 0)``."""
+        keys = [self._round, self._waiting, self._pending]
+        values = [str(round_hint), str(waiting), str(pending)]
+        self._call("publishing counters", lambda: self.store.multi_set(keys, values))
+
+    def wake(self) -> None:
+        """Wake a steward blocked on the mailbox (it ignores the message)."""
+        self._call(
+            "waking the steward", lambda: self.store.queue_push(self._mailbox, b'{"op":"wake"}')
+        )
+
+    def confirm(self, receipts: Sequence[str]) -> None:
+        """Confirm that the messages carrying ``receipts`` are persisted."""
+        if receipts:
+            keys = [self._key(receipt) for receipt in receipts]
+            self._call("confirming receipts", lambda: self.store.multi_set(keys, ["1"] * len(keys)))

@@ -1,0 +1,447 @@
+"""``DynamicRendezvousHandler``: one node of an elastic rendezvous.
+
+A node posts what it wants to the mailbox and blocks on the key that will hold
+the outcome of its round; the steward (any node, see :mod:`.steward`) decides.
+While waiting, a node heartbeats and watches the steward's lease, taking it
+over when it is vacant or has stopped moving for the liveness bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from tp_rdzv_api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousExhaustedError,
+    RendezvousGracefulExitError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+    RendezvousTimeout,
+    RendezvousTimeoutError,
+)
+from tp_store import PrefixStore, Store, StoreError, TCPStore
+
+from .backend import RendezvousBackend
+from .board import Lease, RendezvousBoard
+from .decisions import Join, Leave
+from .holder import _RendezvousStateHolder
+from .node import _NodeDesc, _NodeDescGenerator
+from .settings import RendezvousSettings
+from .state import RoundOutcome, encode_closed_outcome
+from .steward import Steward
+
+log = logging.getLogger(__name__)
+
+# Hosts a server binds to but no client can dial.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
+#: How long a node rolling back a timed-out join waits for the steward's receipt.
+_ROLLBACK_GRACE = 5.0
+_receipts = itertools.count()
+
+
+class DynamicRendezvousHandler(RendezvousHandler):
+    """Coordinate membership, ranks, heartbeats, and round transitions.
+
+    Args:
+        backend: where the state document lives.
+        settings: the run's settings (``RendezvousSettings(run_id=run_id)``
+            when omitted: one node).
+        local_addr: this node's address (the FQDN when omitted).
+        node_rank: the rank this node asks for; honoured when no other node
+            of the round asks for the same one and it is below the world size.
+        run_id: the run (or take it from ``settings``).
+        store: the store of the run; by default the backend's.
+        backend_name: what :meth:`get_backend` returns.
+        state_holder: a :class:`_RendezvousStateHolder` (instead of ``backend``).
+        node: this node's descriptor (generated when omitted).
+
+    PyTorch's positional form ``(node, settings, backend_name, store,
+    state_holder)`` is accepted too. Use :meth:`from_backend` for PyTorch's
+    factory.
+    """
+
+    _node_desc_generator = _NodeDescGenerator()
+
+    def __init__(  # noqa: PLR0917 - the documented signature
+        self,
+        backend: RendezvousBackend | _NodeDesc | None = None,
+        settings: RendezvousSettings | None = None,
+        local_addr: str | None = None,
+        node_rank: int = 0,
+        run_id: str = "",
+        store: Store | None = None,
+        backend_name: str = "core",
+        state_holder: _RendezvousStateHolder | None = None,
+        node: _NodeDesc | None = None,
+    ) -> None:
+        if isinstance(backend, _NodeDesc):
+            # PyTorch's positional form: its backend_name, store and state_holder
+            # arrive in the slots of local_addr, node_rank and run_id.
+            if node is not None:
+                raise TypeError("DynamicRendezvousHandler got the node twice")
+            node, backend = backend, None
+            slots: tuple[object, object, object] = (local_addr, node_rank, run_id)
+            if isinstance(slots[0], str):
+                backend_name, local_addr = slots[0], None
+            if isinstance(slots[1], Store):
+                store, node_rank = slots[1], 0
+            if isinstance(slots[2], _RendezvousStateHolder):
+                state_holder, run_id = slots[2], ""
+        settings = _check_settings(settings, run_id)
+        if not isinstance(node_rank, int) or isinstance(node_rank, bool) or node_rank < 0:
+            raise ValueError(f"node_rank must be an int >= 0, got {node_rank!r}")
+        if local_addr is not None and (not isinstance(local_addr, str) or not local_addr):
+            raise ValueError(f"local_addr must be a non-empty str or None, got {local_addr!r}")
+        if not isinstance(backend_name, str) or not backend_name:
+            raise ValueError(f"backend_name must be a non-empty str, got {backend_name!r}")
+        holder = _check_holder(backend, state_holder, settings.run_id)
+        if store is None:
+            store = getattr(holder.backend, "store", None)
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"DynamicRendezvousHandler needs a tp_store.Store (store=...), got {store!r}"
+            )
+        if node is None:
+            node = self._node_desc_generator.generate(local_addr)
+        elif not isinstance(node, _NodeDesc):
+            raise TypeError(f"node must be a _NodeDesc, got {node!r}")
+
+        self._node = node
+        self._settings = settings
+        self._backend_name = backend_name
+        self._store = store
+        self._holder = holder
+        self._hint = node_rank
+        self._board = RendezvousBoard(store, settings.run_id)
+        self._tick = settings.keep_alive_interval.total_seconds()
+        self._steward: Steward | None = None
+        self._lease_seen = b""
+        self._lease_since = 0.0
+        self._lease_epoch = -1
+        self._posted_epoch = -1
+        self._heartbeat_stop: threading.Event | None = None
+
+    @classmethod
+    def from_backend(  # noqa: PLR0917 - PyTorch's signature
+        cls,
+        run_id: str,
+        store: Store,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        timeout: RendezvousTimeout | None = None,
+        keep_alive_interval: int | float | timedelta = 5,
+        keep_alive_max_attempt: int = 3,
+    ) -> DynamicRendezvousHandler:
+        """A handler for a new node of ``run_id``, as PyTorch's factory builds it.
+
+        ``keep_alive_interval`` is in seconds (or a ``timedelta``).
+        """
+        settings = RendezvousSettings(
+            run_id,
+            min_nodes,
+            max_nodes,
+            timeout or RendezvousTimeout(),
+            keep_alive_interval,
+            keep_alive_max_attempt,
+        )
+        return cls(
+            backend=backend,
+            settings=settings,
+            local_addr=local_addr,
+            store=store,
+            backend_name=backend.name,
+        )
+
+    # -- what the agent asks --------------------------------------------------
+    @property
+    def settings(self) -> RendezvousSettings:
+        """The run's settings."""
+        return self._settings
+
+    @property
+    def node(self) -> _NodeDesc:
+        """This node's descriptor."""
+        return self._node
+
+    def get_backend(self) -> str:
+        """Backend name (e.g. static or core)."""
+        return self._backend_name
+
+    def get_run_id(self) -> str:
+        """Run identifier of this rendezvous."""
+        return self._settings.run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Whether workers can reuse the agent-held store as their bootstrap store."""
+        return isinstance(_unwrap(self._store), TCPStore)
+
+    def is_closed(self) -> bool:
+        """Whether the rendezvous has been marked closed."""
+        return self._board.is_closed()
+
+    def num_nodes_waiting(self) -> int:
+        """Number of nodes queued for the next round (pending scale-up)."""
+        return self._board.waiting()
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join or re-join the rendezvous; blocks until this round completes.
+
+        Raises:
+            RendezvousClosedError: the rendezvous is closed.
+            RendezvousGracefulExitError: it closed while this node was a spare.
+            RendezvousExhaustedError: the join timeout passed with fewer than
+                ``min_nodes`` gathered (this node's join is rolled back).
+            RendezvousTimeoutError: the join timeout passed (rolled back too).
+            RendezvousConnectionError: the store failed.
+        """
+        self._stop_heartbeats()
+        board, node = self._board, self._node
+        now = time.monotonic()
+        deadline = now + self._settings.timeout.join.total_seconds()
+        board.beat(node)
+        next_beat = now + self._tick
+        if board.is_closed():
+            raise RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
+        self._watch_lease(now)
+        self._post_join()
+        round_ = board.round_hint()
+        spare = False
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise self._roll_back()
+            if now >= next_beat:
+                board.beat(node)
+                self._watch_lease(now)
+                if self._posted_epoch != self._lease_epoch:
+                    self._post_join()  # a new steward: what the old one took may be lost
+                next_beat = now + self._tick
+            outcome = board.await_outcome(round_, min(next_beat, deadline) - now)
+            if outcome is None:
+                continue
+            if outcome.closed:
+                if spare:
+                    raise RendezvousGracefulExitError(
+                        f"the rendezvous {self.get_run_id()!r} closed while {node} was a spare"
+                    )
+                raise RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
+            rank = outcome.ranks.get(node)
+            if rank is not None:
+                break
+            spare = node in outcome.redundancy_list
+            round_ = outcome.round + 1
+        self._start_heartbeats()
+        return self._info(outcome, rank)
+
+    def set_closed(self) -> None:
+        """Mark the rendezvous closed; new joiners are rejected."""
+        self._board.close()
+        state, token = self._holder.load()
+        deadline = time.monotonic() + self._settings.timeout.close.total_seconds()
+        while not state.closed:
+            if time.monotonic() > deadline:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self.get_run_id()!r}: could not record the closing within "
+                    f"the close timeout ({self._settings.timeout.close})"
+                )
+            closed = state.copy()
+            closed.closed = True
+            state, token, _ = self._holder.save(closed, token)
+        # Wake everyone waiting for the open round or the one after it.
+        first = state.round + 1 if state.complete else state.round
+        for round_ in (first, first + 1):
+            self._board.publish(round_, encode_closed_outcome(round_))
+
+    def shutdown(self) -> bool:
+        """Release rendezvous resources; returns True when the backend shut down.
+
+        Closes the rendezvous (as PyTorch does), stops the heartbeats and hands
+        the steward lease back if this node holds it.
+        """
+        self._stop_heartbeats()
+        try:
+            self.set_closed()
+        except RendezvousError as exc:
+            log.warning("rendezvous %r: shutdown could not close: %s", self.get_run_id(), exc)
+            return False
+        finally:
+            self._stop_steward()
+        return True
+
+    # -- the steward lease ------------------------------------------------------
+    def _watch_lease(self, now: float) -> None:
+        """Read the lease; take it when vacant, ours without a thread, or frozen too long."""
+        lease = self._board.read_lease()
+        self._lease_epoch = lease.epoch
+        mine = lease.holder == self._node.key
+        if lease.raw != self._lease_seen:
+            self._lease_seen, self._lease_since = lease.raw, now
+        bound = self._settings.liveness_bound.total_seconds()
+        if not lease.holder or (mine and not self._steward_running()):
+            self._take_lease(lease, now)
+        elif not mine and now - self._lease_since >= bound:
+            log.warning(
+                "rendezvous %r: steward %s silent for %s; %s takes over",
+                self.get_run_id(),
+                lease.holder,
+                self._settings.liveness_bound,
+                self._node,
+            )
+            self._take_lease(lease, now)
+
+    def _take_lease(self, lease: Lease, now: float) -> None:
+        desired = Lease.encode(lease.epoch + 1, self._node.key, 0)
+        if not self._board.swap_lease(lease.raw, desired):
+            return  # another node was faster; it is the steward now
+        self._stop_steward()
+        try:
+            store = self._store.clone()
+        except StoreError as exc:
+            raise self._board_error("opening the steward's connection", exc) from exc
+        steward = Steward(
+            self._node,
+            self._settings,
+            RendezvousBoard(store, self.get_run_id()),
+            self._holder.clone(),
+            desired,
+        )
+        steward.start()
+        self._steward = steward
+        self._lease_epoch = lease.epoch + 1
+        self._lease_seen, self._lease_since = desired, now
+
+    def _steward_running(self) -> bool:
+        return self._steward is not None and self._steward.running
+
+    def _stop_steward(self) -> None:
+        if self._steward is not None:
+            self._steward.stop()
+            self._steward = None
+
+    def _board_error(self, what: str, exc: BaseException) -> RendezvousError:
+        return RendezvousConnectionError(f"rendezvous {self.get_run_id()!r}: {what}: {exc}")
+
+    # -- joining and giving up --------------------------------------------------------
+    def _post_join(self) -> None:
+        self._board.post(Join(self._node, self._hint))
+        self._posted_epoch = self._lease_epoch
+
+    def _roll_back(self) -> RendezvousError:
+        """Withdraw this node after its join timed out; the error to raise."""
+        board = self._board
+        gathered = board.pending()
+        receipt = f"rcpt/{self._node.key}/{next(_receipts)}"
+        board.post(Leave(self._node), receipt)
+        grace = min(_ROLLBACK_GRACE, self._settings.timeout.close.total_seconds())
+        if not board.await_receipt(receipt, grace):
+            log.warning(
+                "rendezvous %r: no steward confirmed that %s left; it will be dropped "
+                "when its heartbeats stop",
+                self.get_run_id(),
+                self._node,
+            )
+        self._stop_steward()
+        timeout = self._settings.timeout.join
+        if 0 < gathered < self._settings.min_nodes:
+            return RendezvousExhaustedError(
+                {
+                    "min_nodes": self._settings.min_nodes,
+                    "joined": gathered,
+                    "run_id": self.get_run_id(),
+                },
+                timeout,
+            )
+        return RendezvousTimeoutError(
+            f"rendezvous {self.get_run_id()!r}: {self._node} did not get a seat within "
+            f"the join timeout ({timeout})"
+        )
+
+    # -- after a round ----------------------------------------------------------------
+    def _info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo:
+        round_store = PrefixStore(f"tp_rdzv/{self.get_run_id()}/r{outcome.round}", self._store)
+        return RendezvousInfo(
+            round_store,
+            rank,
+            len(outcome.participants),
+            self._bootstrap_info(rank, round_store),
+            list(outcome.participants),
+            list(outcome.wait_list),
+        )
+
+    def _bootstrap_info(self, rank: int, round_store: Store) -> RendezvousStoreInfo:
+        base = _unwrap(self._store)
+        if isinstance(base, TCPStore) and base.host not in _WILDCARD_HOSTS:
+            # Workers reuse the rendezvous store: every node knows its endpoint.
+            return RendezvousStoreInfo(base.host, base.port)
+        return RendezvousStoreInfo.build(rank, round_store, local_addr=self._node.addr)
+
+    def _start_heartbeats(self) -> None:
+        stop = threading.Event()
+        self._heartbeat_stop = stop
+        thread = threading.Thread(
+            target=self._beat_until,
+            args=(stop,),
+            name=f"tp-rdzv-heartbeat-{self._node}",
+            daemon=True,
+        )
+        thread.start()
+
+    def _beat_until(self, stop: threading.Event) -> None:
+        while not stop.wait(self._tick):
+            try:
+                self._board.beat(self._node)
+            except RendezvousError as exc:
+                log.warning(
+                    "rendezvous %r: heartbeat of %s failed: %s", self.get_run_id(), self._node, exc
+                )
+
+    def _stop_heartbeats(self) -> None:
+        if self._heartbeat_stop is not None:
+            self._heartbeat_stop.set()
+            self._heartbeat_stop = None
+
+
+def _unwrap(store: Store) -> Store:
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+def _check_settings(settings: object, run_id: object) -> RendezvousSettings:
+    if settings is None:
+        if not isinstance(run_id, str):
+            raise TypeError(f"run_id must be a str, got {run_id!r}")
+        settings = RendezvousSettings(run_id=run_id)
+    if not isinstance(settings, RendezvousSettings):
+        raise TypeError(f"settings must be a RendezvousSettings, got {settings!r}")
+    if run_id and run_id != settings.run_id:
+        if settings.run_id:
+            raise ValueError(
+                f"run_id {run_id!r} differs from the settings' run_id {settings.run_id!r}"
+            )
+        raise ValueError("give the run id in the settings (RendezvousSettings(run_id=...))")
+    if not settings.run_id:
+        raise ValueError("The run id must be a non-empty string.")
+    return settings
+
+
+def _check_holder(backend: object, state_holder: object, run_id: str) -> _RendezvousStateHolder:
+    if state_holder is not None:
+        if not isinstance(state_holder, _RendezvousStateHolder):
+            raise TypeError(f"state_holder must be a _RendezvousStateHolder, got {state_holder!r}")
+        if backend is not None and backend is not state_holder.backend:
+            raise TypeError("give a backend or a state_holder, not two different ones")
+        return state_holder
+    if not isinstance(backend, RendezvousBackend):
+        raise TypeError(f"DynamicRendezvousHandler needs a RendezvousBackend, got {backend!r}")
+    return _RendezvousStateHolder(backend, run_id)

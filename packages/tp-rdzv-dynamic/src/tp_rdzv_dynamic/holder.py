@@ -1,0 +1,59 @@
+"""``_RendezvousStateHolder``: the state document read and written through a backend."""
+
+from __future__ import annotations
+
+from .backend import RendezvousBackend, Token
+from .state import RendezvousState, decode_state, encode_state
+
+
+class _RendezvousStateHolder:
+    """Reads and compare-and-sets the :class:`RendezvousState` of one run.
+
+    Args:
+        backend: where the document lives.
+        run_id: the run, for error messages.
+    """
+
+    def __init__(self, backend: RendezvousBackend, run_id: str) -> None:
+        self.backend = backend
+        self.run_id = run_id
+        # Error messages name the key when the backend tells it.
+        key = getattr(backend, "key", None)
+        self.where = (
+            f"key {key!r} ({backend.name} backend)"
+            if isinstance(key, str)
+            else f"the {backend.name} backend of run {run_id!r}"
+        )
+
+    def clone(self) -> _RendezvousStateHolder:
+        """A holder over the backend's own new connection (for another thread)."""
+        return _RendezvousStateHolder(self.backend.clone(), self.run_id)
+
+    def close(self) -> None:
+        """Release the backend's connection if it owns one."""
+        self.backend.close()
+
+    def load(self) -> tuple[RendezvousState, Token | None]:
+        """The stored state and its token; a fresh state and ``None`` when nothing is stored."""
+        stored = self.backend.get_state()
+        if stored is None:
+            return RendezvousState(), None
+        raw, token = stored
+        return decode_state(raw, self.where), token
+
+    def save(
+        self, state: RendezvousState, token: Token | None
+    ) -> tuple[RendezvousState, Token | None, bool]:
+        """Write ``state`` if ``token`` is current: the state now stored, its token, and success.
+
+        On failure the returned state is the one that won (or what is stored).
+        """
+        raw = encode_state(state)
+        result = self.backend.set_state(raw, token)
+        if result is None:
+            stored, new_token = self.load()
+            return stored, new_token, False
+        stored_raw, new_token, won = result
+        if won:
+            return state, new_token, True
+        return decode_state(stored_raw, self.where), new_token, False

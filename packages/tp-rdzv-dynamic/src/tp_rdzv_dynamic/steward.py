@@ -1,0 +1,225 @@
+"""The steward: the executor that applies the decisions for the whole run.
+
+It runs in a thread of the node holding the lease, on store connections of its
+own: it waits for the mailbox, takes what is there in one batch, samples the
+heartbeats once per tick, runs the last-call timer on this host's monotonic
+clock, asks :func:`~.decisions.apply` for the next state, persists it with
+compare-and-set, then publishes what the nodes wait for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+from tp_rdzv_api import RendezvousError
+
+from .board import Lease, RendezvousBoard
+from .decisions import Event, Leave, Transition, apply, needs_last_call
+from .holder import _RendezvousStateHolder
+from .liveness import LivenessTracker
+from .node import _NodeDesc
+from .settings import RendezvousSettings
+from .state import RendezvousState, encode_outcome
+
+log = logging.getLogger(__name__)
+
+#: How many times a batch is re-applied after losing a compare-and-set race.
+_MAX_RETRIES = 16
+
+
+class LeaseLost(Exception):
+    """Another node holds the lease now: this steward must stop deciding."""
+
+
+class Steward:
+    """Decides for the run while ``node`` holds the lease of ``epoch``.
+
+    Args:
+        node: this node.
+        settings: the run's settings.
+        board: the side channels, on a store connection of the steward's own.
+        holder: the state holder, on a backend connection of the steward's own.
+        lease: the lease value this node wrote when it took office.
+    """
+
+    def __init__(
+        self,
+        node: _NodeDesc,
+        settings: RendezvousSettings,
+        board: RendezvousBoard,
+        holder: _RendezvousStateHolder,
+        lease: bytes,
+    ) -> None:
+        self.node = node
+        self.settings = settings
+        self.board = board
+        self.holder = holder
+        self.epoch = Lease.parse(lease).epoch
+        self._lease = lease
+        self._beat = 0
+        self._tick = settings.keep_alive_interval.total_seconds()
+        self._liveness = LivenessTracker(settings.liveness_bound.total_seconds())
+        self._stop = threading.Event()
+        self._state = RendezvousState()
+        self._token: object = None
+        self._last_call_at: float | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"tp-rdzv-steward-{node}", daemon=True
+        )
+
+    # -- lifetime ---------------------------------------------------------------
+    def start(self) -> None:
+        """Start deciding in the background."""
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the steward still decides (it stops when it loses the lease)."""
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop deciding and hand the lease back; returns once the thread ended."""
+        self._stop.set()
+        # If the store is gone, the thread ends at its next timeout instead.
+        with contextlib.suppress(RendezvousError):
+            self.board.wake()
+        self._thread.join(timeout=self._tick + 5)
+
+    def _run(self) -> None:
+        try:
+            self._take_office()
+            while not self._stop.is_set():
+                self._step()
+            self._resign()
+        except LeaseLost:
+            log.info("rendezvous %r: steward %s lost the lease", self.board.run_id, self.node)
+        except RendezvousError as exc:
+            log.warning("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
+        finally:
+            self.board.store.close()
+            self.holder.close()
+
+    # -- the steps ----------------------------------------------------------------
+    def _take_office(self) -> None:
+        """Load the state and stamp it with this epoch, which fences older stewards out."""
+        state, token = self.holder.load()
+        for _ in range(_MAX_RETRIES):
+            if state.epoch > self.epoch:
+                raise LeaseLost
+            stamped = state.copy()
+            stamped.epoch = self.epoch
+            stored, token, won = self.holder.save(stamped, token)
+            if won:
+                self._state, self._token = stamped, token
+                break
+            state = stored
+        else:
+            raise LeaseLost
+        now = time.monotonic()
+        self._next_scan = now
+        self._next_beat = now + self._tick
+        if self._state.complete:
+            self.board.publish(self._state.round, encode_outcome(self._state))
+        self._publish_counters()
+        self._update_last_call(now)
+        log.info(
+            "rendezvous %r: %s is the steward (epoch %d, round %d)",
+            self.board.run_id,
+            self.node,
+            self.epoch,
+            self._state.round,
+        )
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        wake_at = min(self._next_scan, self._next_beat)
+        if self._last_call_at is not None:
+            wake_at = min(wake_at, self._last_call_at)
+        events: list[Event] = []
+        receipts: list[str] = []
+        if self.board.await_mail(max(wake_at - now, 0.0)):
+            for event, receipt in self.board.take_mail():
+                if event is not None:
+                    events.append(event)
+                if receipt is not None:
+                    receipts.append(receipt)
+        now = time.monotonic()
+        if now >= self._next_scan:
+            events.extend(self._find_dead(now))
+            self._next_scan = now + self._tick
+        expired = self._last_call_at is not None and now >= self._last_call_at
+        if events or expired:
+            self._decide(events, expired)
+            self.board.confirm(receipts)
+        if now >= self._next_beat:
+            self._beat_lease()
+            self._next_beat = now + self._tick
+
+    def _find_dead(self, now: float) -> list[Event]:
+        members = list(self._state.members())
+        counters = self.board.sample_heartbeats(members)
+        by_key = {node.key: node for node in members}
+        silent = self._liveness.observe(dict(zip(by_key, counters, strict=True)), now)
+        for key in silent:
+            log.warning(
+                "rendezvous %r: node %s missed its heartbeats for %s; removing it",
+                self.board.run_id,
+                key,
+                self.settings.liveness_bound,
+            )
+        return [Leave(by_key[key]) for key in silent]
+
+    def _decide(self, events: list[Event], last_call_expired: bool) -> None:
+        state, token = self._state, self._token
+        for _ in range(_MAX_RETRIES):
+            transition = apply(state, events, self.settings, last_call_expired=last_call_expired)
+            if transition.state == state:
+                break
+            stored, new_token, won = self.holder.save(transition.state, token)
+            if won:
+                self._state, self._token = transition.state, new_token
+                self._announce(transition)
+                break
+            # Someone else wrote (set_closed, a rollback): decide again on theirs.
+            if stored.epoch > self.epoch:
+                raise LeaseLost
+            state, token = stored, new_token
+            self._state, self._token = stored, new_token
+        else:
+            raise LeaseLost
+        self._update_last_call(time.monotonic())
+
+    def _announce(self, transition: Transition) -> None:
+        for round_, outcome in transition.outcomes:
+            self.board.publish(round_, outcome)
+            log.info("rendezvous %r: round %d complete", self.board.run_id, round_)
+        self._publish_counters()
+
+    def _publish_counters(self) -> None:
+        state = self._state
+        self.board.publish_counters(
+            round_hint=state.round + 1 if state.complete else state.round,
+            waiting=len(state.wait_list),
+            pending=0 if state.complete else len(state.participants),
+        )
+
+    def _update_last_call(self, now: float) -> None:
+        if not needs_last_call(self._state, self.settings):
+            self._last_call_at = None
+        elif self._last_call_at is None:
+            self._last_call_at = now + self.settings.timeout.last_call.total_seconds()
+
+    def _beat_lease(self) -> None:
+        self._beat += 1
+        desired = Lease.encode(self.epoch, self.node.key, self._beat)
+        if not self.board.swap_lease(self._lease, desired):
+            raise LeaseLost
+        self._lease = desired
+
+    def _resign(self) -> None:
+        vacant = Lease.encode(self.epoch, "", self._beat + 1)
+        if self.board.swap_lease(self._lease, vacant):
+            self._lease = vacant
