@@ -1,9 +1,6 @@
 """Every documented name of ``tensorplay.distributed.elastic.rendezvous``, as documented.
 
 The reference is our vendored API page, ``docs/reference/rendezvous-api.md``.
-Names documented but not implemented yet are listed in ``PENDING``; when one
-of them appears in the package, the tests below fail until it is removed from
-``PENDING`` (and so checked like the others).
 """
 
 from __future__ import annotations
@@ -19,33 +16,23 @@ from api_reference import Entry, Member, describe, reference_parameters
 import tensorplay.distributed.elastic.rendezvous as rdzv
 import tp_rdzv_api
 import tp_rdzv_api.registry
+import tp_rdzv_dynamic
 import tp_rdzv_static
-
-#: Documented, not implemented yet: they join with tp-rdzv-dynamic.
-PENDING = frozenset(
-    {
-        "DynamicRendezvousHandler",
-        "P10dRendezvousBackend",
-        "RendezvousSettings",
-        "TpRendezvousBackend",
-    }
-)
 
 REFERENCE = api_reference.parse(
     api_reference.find_reference(Path(__file__)).read_text(encoding="utf-8")
 )
 DOCUMENTED = REFERENCE.entries
-IMPLEMENTED = sorted(name for name in DOCUMENTED if name not in PENDING)
-MEMBERS = [
-    (entry.name, member)
-    for entry in DOCUMENTED.values()
-    if entry.name not in PENDING
-    for member in entry.members
-]
+IMPLEMENTED = sorted(DOCUMENTED)
+MEMBERS = [(entry.name, member) for entry in DOCUMENTED.values() for member in entry.members]
 #: Where each re-exported name comes from: the meta-package adds no objects of its own.
 SOURCES: dict[str, Any] = {
     "create_handler": tp_rdzv_api.registry,
     "StaticTCPRendezvous": tp_rdzv_static,
+    "DynamicRendezvousHandler": tp_rdzv_dynamic,
+    "RendezvousSettings": tp_rdzv_dynamic,
+    "TpRendezvousBackend": tp_rdzv_dynamic,
+    "P10dRendezvousBackend": tp_rdzv_dynamic,
 }
 
 
@@ -65,26 +52,12 @@ def test_the_reference_parses_completely() -> None:
     ]
 
 
-def test_pending_names_are_documented() -> None:
-    unknown = set(PENDING) - set(DOCUMENTED)
-    assert not unknown, f"PENDING names not in the reference: {unknown}"
-
-
 # -- the names ----------------------------------------------------------------------------
 
 
-def test_all_is_exactly_the_implemented_documented_names() -> None:
+def test_all_is_exactly_the_documented_names() -> None:
     assert len(rdzv.__all__) == len(set(rdzv.__all__)), "duplicates in __all__"
     assert sorted(rdzv.__all__) == IMPLEMENTED
-
-
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_pending_name_has_not_landed_unchecked(name: str) -> None:
-    assert not hasattr(rdzv, name), (
-        f"{name} is now exported: remove it from PENDING in {Path(__file__).name} so that "
-        "its signature is checked against the reference"
-    )
-    assert name not in rdzv.__all__
 
 
 @pytest.mark.parametrize("name", IMPLEMENTED)

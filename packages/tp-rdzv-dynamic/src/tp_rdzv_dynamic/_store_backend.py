@@ -7,7 +7,9 @@ as the expected value replaces the document only if nobody wrote since.
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import ClassVar
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError
@@ -57,9 +59,43 @@ class StoreKeyBackend(RendezvousBackend):
         self._store = _check_store(store, owner)
         self._run_id = check_run_id(run_id, owner)
         self._key = self._key_for(self._run_id)
-        # Create the key now (as PyTorch does) so that a first write with no
-        # token finds the vacant value to replace.
+        # The store given to the constructor is the caller's; a clone's is its own.
+        self._owns_store = False
+        # Create the key now, as PyTorch does: PyTorch nodes sharing a p10d key
+        # read it with a blocking get. (Our reads never block, and a first
+        # write re-creates a deleted key.)
         self._compare_set(b"", self._VACANT)
+
+    @property
+    def key(self) -> str:
+        """The store key holding the document."""
+        return self._key
+
+    @property
+    def store(self) -> Store:
+        """The store holding the document (a handler without a store of its own uses it)."""
+        return self._store
+
+    def clone(self) -> StoreKeyBackend:
+        """A backend on the same document over a new handle (``store.clone()``) it closes.
+
+        Raises:
+            RendezvousConnectionError: the new handle could not reach the store.
+        """
+        with self._store_errors():
+            store = self._store.clone()
+        try:
+            twin = type(self)(store, self._run_id)
+        except BaseException:
+            store.close()
+            raise
+        twin._owns_store = True
+        return twin
+
+    def close(self) -> None:
+        """Close the store handle if this backend opened it (a clone); else do nothing."""
+        if self._owns_store:
+            self._store.close()
 
     @staticmethod
     @abc.abstractmethod
@@ -131,16 +167,20 @@ class StoreKeyBackend(RendezvousBackend):
         now_stored, new_token = document
         return now_stored, new_token, now_stored == state
 
-    def _compare_set(self, expected: bytes, desired: bytes) -> object:
-        """``compare_set`` on the key, with store failures as rendezvous errors."""
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """Report the store failing or not answering as ``RendezvousConnectionError``."""
         try:
-            # Typed as object: a third-party store may return something else.
-            value: object = self._store.compare_set(self._key, expected, desired)
+            yield
         except (StoreError, OSError) as exc:
             raise RendezvousConnectionError(
                 f"rendezvous {self._run_id!r} could not use its store (key {self._key!r}): {exc}"
             ) from exc
-        return value
+
+    def _compare_set(self, expected: bytes, desired: bytes) -> object:
+        """``compare_set`` on the key; typed ``object``: a third-party store may return anything."""
+        with self._store_errors():
+            return self._store.compare_set(self._key, expected, desired)
 
     def _document(self, value: object) -> tuple[bytes, bytes] | None:
         """The document and token a stored value stands for; ``None`` for "no document"."""

@@ -22,6 +22,7 @@ from tp_rdzv_api import (
     RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
+    RendezvousStateError,
     RendezvousStoreInfo,
     RendezvousTimeout,
     RendezvousTimeoutError,
@@ -203,6 +204,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 ``min_nodes`` gathered (this node's join is rolled back).
             RendezvousTimeoutError: the join timeout passed (rolled back too).
             RendezvousConnectionError: the store failed.
+            RendezvousStateError: the stored state is corrupt.
         """
         self._stop_heartbeats()
         board, node = self._board, self._node
@@ -229,6 +231,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             outcome = board.await_outcome(round_, min(next_beat, deadline) - now)
             if outcome is None:
                 continue
+            if outcome.error is not None:
+                raise RendezvousStateError(outcome.error)
             if outcome.closed:
                 if spare:
                     raise RendezvousGracefulExitError(

@@ -85,6 +85,8 @@ class RoundOutcome:
         wait_list: the nodes waiting for the next round when it completed.
         redundancy_list: the nodes beyond ``max_nodes`` when it completed.
         ranks: each participant's rank.
+        error: why the steward could not decide this round (the state is
+            corrupt), or ``None``.
     """
 
     round: int
@@ -93,6 +95,7 @@ class RoundOutcome:
     wait_list: tuple[_NodeDesc, ...] = ()
     redundancy_list: frozenset[_NodeDesc] = frozenset()
     ranks: dict[_NodeDesc, int] = field(default_factory=dict, compare=False)
+    error: str | None = None
 
 
 def _node_fields(node: _NodeDesc) -> list[Any]:
@@ -134,6 +137,18 @@ def encode_outcome(state: RendezvousState) -> bytes:
 def encode_closed_outcome(round_: int) -> bytes:
     """The outcome of a round that the closing of the rendezvous ended."""
     document = {"format": OUTCOME_FORMAT, "schema": SCHEMA, "round": round_, "status": "closed"}
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def encode_failed_outcome(round_: int, error: str) -> bytes:
+    """The outcome of a round the steward could not decide, and why."""
+    document = {
+        "format": OUTCOME_FORMAT,
+        "schema": SCHEMA,
+        "round": round_,
+        "status": "error",
+        "error": error,
+    }
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -215,6 +230,8 @@ def decode_outcome(raw: bytes, where: str) -> RoundOutcome:
     status = reader.document.get("status")
     if status == "closed":
         return RoundOutcome(round_, closed=True)
+    if status == "error":
+        return RoundOutcome(round_, closed=False, error=str(reader.value("error", str)))
     if status != "complete":
         raise reader.error(f"has an unknown status {status!r}")
     participants = tuple(node for node, _ in reader.nodes("participants"))

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from tp_rdzv_api import RendezvousError
+from tp_rdzv_api import RendezvousError, RendezvousStateError
 
 from .board import Lease, RendezvousBoard
 from .decisions import Event, Leave, Transition, apply, needs_last_call
@@ -22,7 +22,7 @@ from .holder import _RendezvousStateHolder
 from .liveness import LivenessTracker
 from .node import _NodeDesc
 from .settings import RendezvousSettings
-from .state import RendezvousState, encode_outcome
+from .state import RendezvousState, encode_failed_outcome, encode_outcome
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,9 @@ class Steward:
             self._resign()
         except LeaseLost:
             log.info("rendezvous %r: steward %s lost the lease", self.board.run_id, self.node)
+        except RendezvousStateError as exc:
+            log.error("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
+            self._report(exc)
         except RendezvousError as exc:
             log.warning("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
         finally:
@@ -218,6 +221,13 @@ class Steward:
         if not self.board.swap_lease(self._lease, desired):
             raise LeaseLost
         self._lease = desired
+
+    def _report(self, exc: RendezvousStateError) -> None:
+        """Tell the nodes waiting for the next rounds that nobody can decide them."""
+        with contextlib.suppress(RendezvousError):
+            first = self.board.round_hint()
+            for round_ in (first, first + 1):
+                self.board.publish(round_, encode_failed_outcome(round_, str(exc)))
 
     def _resign(self) -> None:
         vacant = Lease.encode(self.epoch, "", self._beat + 1)

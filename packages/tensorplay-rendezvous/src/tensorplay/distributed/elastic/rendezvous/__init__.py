@@ -1,8 +1,9 @@
 """tensorplay.distributed.elastic.rendezvous: the documented rendezvous API.
 
 Re-exports only; the implementations live in ``tp_rdzv_api`` (the interface,
-the parameters, the errors and the registry) and ``tp_rdzv_static`` (the
-``static`` backend). The dynamic handler's names join with ``tp-rdzv-dynamic``.
+the parameters, the errors and the registry), ``tp_rdzv_static`` (the
+``static`` backend) and ``tp_rdzv_dynamic`` (the ``core``, ``p10d`` and
+``c10d`` backends).
 """
 
 from tp_rdzv_api import (
@@ -19,9 +20,17 @@ from tp_rdzv_api import (
     RendezvousTimeoutError,
 )
 from tp_rdzv_api.registry import create_handler
+from tp_rdzv_dynamic import (
+    DynamicRendezvousHandler,
+    P10dRendezvousBackend,
+    RendezvousSettings,
+    TpRendezvousBackend,
+)
 from tp_rdzv_static import StaticTCPRendezvous
 
 __all__ = [
+    "DynamicRendezvousHandler",
+    "P10dRendezvousBackend",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     "RendezvousError",
@@ -30,9 +39,11 @@ __all__ = [
     "RendezvousHandler",
     "RendezvousInfo",
     "RendezvousParameters",
+    "RendezvousSettings",
     "RendezvousStateError",
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
     "StaticTCPRendezvous",
+    "TpRendezvousBackend",
     "create_handler",
 ]

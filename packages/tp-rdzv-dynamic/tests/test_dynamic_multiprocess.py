@@ -1,0 +1,562 @@
+"""The dynamic rendezvous across real processes sharing one real store.
+
+Every node is its own process (``dynamic_node.py``) with its own handler, built
+through ``tp_rdzv_api.create_handler``; the store is the TCP server that one of
+them hosts in-process on 127.0.0.1 (or a shared file). Nodes are killed with
+``SIGKILL``, their wall clocks skewed, their joins timed out: nothing is mocked.
+Every read of a child's answer has a deadline, so a hang is a failure, not a
+stuck CI job.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dynamic_node import NodeProcess
+
+Spawn = Callable[..., NodeProcess]
+
+ADDR = "127.0.0.1"
+#: How long a round that should complete may take to come back (it normally takes < 2 s).
+ROUND_TIMEOUT = 30.0
+#: A join budget far beyond any test: joins that must not time out never do.
+LONG_JOIN = 60.0
+#: Liveness settings of the tests that kill nodes: a silent node is dead after 1 s.
+KEEP_ALIVE_INTERVAL = 0.5
+KEEP_ALIVE_MAX_ATTEMPT = 2
+LIVENESS_BOUND = KEEP_ALIVE_INTERVAL * KEEP_ALIVE_MAX_ATTEMPT
+
+
+def _run_id() -> str:
+    return f"mp-{uuid.uuid4().hex[:10]}"
+
+
+def node_spec(
+    endpoint: str,
+    run_id: str,
+    *,
+    min_nodes: int,
+    max_nodes: int,
+    backend: str = "core",
+    is_host: bool | None = None,
+    clock_skew: float = 0.0,
+    **config: Any,
+) -> dict[str, Any]:
+    """The spec of one node; ``config`` entries override the defaults below."""
+    full: dict[str, Any] = {
+        "join_timeout": LONG_JOIN,
+        "read_timeout": 20,
+        "keep_alive_interval": 0.5,
+        "keep_alive_max_attempt": 4,
+    }
+    full.update(config)
+    if is_host is not None:
+        full["is_host"] = is_host
+    return {
+        "backend": backend,
+        "endpoint": endpoint,
+        "run_id": run_id,
+        "min_nodes": min_nodes,
+        "max_nodes": max_nodes,
+        "local_addr": ADDR,
+        "config": full,
+        "clock_skew": clock_skew,
+    }
+
+
+def start_nodes(
+    spawn: Spawn,
+    specs: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    host_first: bool = True,
+) -> list[NodeProcess]:
+    """Start one process per ``(name, spec)``; all are ready on return.
+
+    With ``host_first`` the first spec's node is started (and ready, so its
+    store server listens) before the others, which then start together.
+    """
+    nodes: list[NodeProcess] = []
+    rest = list(specs)
+    if host_first and rest:
+        name, spec = rest.pop(0)
+        host = spawn(name, spec)
+        host.wait_ready()
+        nodes.append(host)
+    started = [spawn(name, spec) for name, spec in rest]
+    for node in started:
+        node.wait_ready()
+    return nodes + started
+
+
+def send_all(nodes: Sequence[NodeProcess], command: str) -> None:
+    for node in nodes:
+        node.send(command)
+
+
+def collect(
+    nodes: Sequence[NodeProcess], timeout: float, what: str = "an answer"
+) -> dict[str, dict[str, Any]]:
+    """One answer from each node, all within one ``timeout`` (seconds)."""
+    deadline = time.monotonic() + timeout
+    return {node.name: node.read(max(deadline - time.monotonic(), 0.01), what) for node in nodes}
+
+
+def ask_all(
+    nodes: Sequence[NodeProcess], command: str, timeout: float = ROUND_TIMEOUT
+) -> dict[str, dict[str, Any]]:
+    send_all(nodes, command)
+    return collect(nodes, timeout, f"the answer to {command!r}")
+
+
+def assert_silent(nodes: Sequence[NodeProcess], seconds: float, why: str) -> None:
+    """No node answers anything for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    for node in nodes:
+        answer = node.poll(max(deadline - time.monotonic(), 0.0))
+        assert answer is None, f"{node.name} should still be blocked ({why}) but said {answer}"
+
+
+def check_round(
+    nodes: Sequence[NodeProcess], answers: dict[str, dict[str, Any]]
+) -> list[NodeProcess]:
+    """Assert one consistent round of exactly ``nodes``; return them in rank order."""
+    for node in nodes:
+        answer = answers[node.name]
+        assert "error" not in answer, f"{node.name} failed next_rendezvous(): {answer}"
+    first = answers[nodes[0].name]
+    world = len(nodes)
+    for node in nodes:
+        answer = answers[node.name]
+        assert answer["world_size"] == world, f"{node.name}: world_size in {answer}"
+        assert answer["participants"] == first["participants"], (
+            f"participants differ: {nodes[0].name} has {first['participants']}, "
+            f"{node.name} has {answer['participants']}"
+        )
+        assert answer["bootstrap"] == first["bootstrap"], (
+            f"bootstrap_store_info differs: {nodes[0].name} {first['bootstrap']}, "
+            f"{node.name} {answer['bootstrap']}"
+        )
+        me = answer["participants"][answer["rank"]]
+        node.node_id = me
+        assert re.fullmatch(rf"{re.escape(ADDR)}_{node.pid}_\d+", me), (
+            f"{node.name} (pid {node.pid}) has rank {answer['rank']} but participants"
+            f"[{answer['rank']}] is {me!r}"
+        )
+    ranks = sorted(answers[node.name]["rank"] for node in nodes)
+    assert ranks == list(range(world)), f"ranks are not 0..{world - 1} once each: {ranks}"
+    assert len(set(first["participants"])) == world, first["participants"]
+    bootstrap = first["bootstrap"]
+    assert bootstrap is not None, "no bootstrap_store_info"
+    assert isinstance(bootstrap[0], str), bootstrap
+    assert bootstrap[0], bootstrap
+    assert isinstance(bootstrap[1], int), bootstrap
+    assert bootstrap[1] > 0, bootstrap
+    return sorted(nodes, key=lambda node: answers[node.name]["rank"])
+
+
+def natural_order(nodes: Sequence[NodeProcess]) -> list[NodeProcess]:
+    """The documented rank order of newcomers on one address: by pid."""
+    return sorted(nodes, key=lambda node: node.pid)
+
+
+def check_exchange(ordered: Sequence[NodeProcess], answers: dict[str, dict[str, Any]]) -> None:
+    """Every node read every rank's id through ``RendezvousInfo.store``."""
+    expected = [answers[ordered[0].name]["participants"][r] for r in range(len(ordered))]
+    exchanged = ask_all(ordered, "exchange")
+    for node in ordered:
+        answer = exchanged[node.name]
+        assert "error" not in answer, f"{node.name}: exchange through info.store: {answer}"
+        assert answer["seen"] == expected, f"{node.name} saw {answer['seen']}"
+
+
+def values(nodes: Sequence[NodeProcess], command: str) -> dict[str, Any]:
+    answers = ask_all(nodes, command)
+    for name, answer in answers.items():
+        assert "error" not in answer, f"{name}: {command}: {answer}"
+    return {name: answer["value"] for name, answer in answers.items()}
+
+
+# ---------------------------------------------------------------------------
+# 1. One round of eight.
+# ---------------------------------------------------------------------------
+
+
+def test_eight_nodes_one_round(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    # min 6, max 8 with a long last call: the round can only complete by
+    # reaching max_nodes, and must do so at once.
+    specs = [
+        (
+            f"n{i}",
+            node_spec(
+                endpoint, run_id, min_nodes=6, max_nodes=8, is_host=i == 0, last_call_timeout=20
+            ),
+        )
+        for i in range(8)
+    ]
+    nodes = start_nodes(spawn_node, specs)
+    for node in nodes:
+        assert node.ready["backend"] == "core"
+        assert node.ready["run_id"] == run_id
+
+    sent = time.monotonic()
+    answers = ask_all(nodes, "next")
+    ordered = check_round(nodes, answers)
+    took = max(answer["_arrived"] for answer in answers.values()) - sent
+    assert took < 10, (
+        f"a round at max_nodes must not wait for the 20 s last call; took {took:.1f} s"
+    )
+    assert ordered == natural_order(nodes), (
+        f"ranks should follow (addr, pid, local_id): {[n.pid for n in ordered]}"
+    )
+    for answer in answers.values():
+        assert answer["wait_list"] == []
+    check_exchange(ordered, answers)
+    assert set(values(nodes, "waiting").values()) == {0}
+    assert set(values(nodes, "closed?").values()) == {False}
+
+
+# ---------------------------------------------------------------------------
+# 2. A late joiner waits, is counted everywhere, and joins the next round.
+# ---------------------------------------------------------------------------
+
+
+def test_late_joiner_waits_then_joins_next_round(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    # min 6, max 9: eight nodes complete a round after the 1 s last call,
+    # leaving room for a ninth, which therefore goes to the wait list.
+    specs = [
+        (
+            f"n{i}",
+            node_spec(
+                endpoint, run_id, min_nodes=6, max_nodes=9, is_host=i == 0, last_call_timeout=1.5
+            ),
+        )
+        for i in range(9)
+    ]
+    *nodes, late = start_nodes(spawn_node, specs)
+    first = ask_all(nodes, "next")
+    ordered = check_round(nodes, first)
+
+    late.send("next")
+    deadline = time.monotonic() + 15
+    counts: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        counts = values(nodes, "waiting")
+        if set(counts.values()) == {1}:
+            break
+        time.sleep(0.2)
+    assert set(counts.values()) == {1}, f"num_nodes_waiting() after a 9th node came: {counts}"
+    assert_silent([late], 0.5, "the round it came to was already complete")
+
+    sent = time.monotonic()
+    send_all(ordered, "next")
+    everyone = [*ordered, late]
+    second = collect(everyone, ROUND_TIMEOUT, "the second round")
+    new_order = check_round(everyone, second)
+    took = max(answer["_arrived"] for answer in second.values()) - sent
+    assert took < 10, f"nine nodes reach max_nodes: the round completes at once; took {took:.1f} s"
+    # Survivors first, in their previous order, then the newcomer.
+    assert new_order == [*ordered, late], (
+        f"ranks of round 2: {[n.name for n in new_order]}, round 1 was "
+        f"{[n.name for n in ordered]} and {late.name} is new"
+    )
+    assert set(values(everyone, "waiting").values()) == {0}
+
+
+# ---------------------------------------------------------------------------
+# 3. Two participants die; the six survivors go on without them.
+# ---------------------------------------------------------------------------
+
+
+def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    specs = [
+        (
+            f"n{i}",
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=6,
+                max_nodes=8,
+                is_host=i == 0,
+                last_call_timeout=0.5,
+                keep_alive_interval=KEEP_ALIVE_INTERVAL,
+                keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+            ),
+        )
+        for i in range(8)
+    ]
+    nodes = start_nodes(spawn_node, specs)
+    host = nodes[0]
+    ordered = check_round(nodes, ask_all(nodes, "next"))
+
+    others = [node for node in ordered if node is not host]
+    victims = [others[1], others[4]]
+    survivors = [node for node in ordered if node not in victims]
+    killed = time.monotonic()
+    for victim in victims:
+        victim.kill()
+    send_all(survivors, "next")
+    answers = collect(survivors, ROUND_TIMEOUT, "the round after the kill")
+    took = max(answer["_arrived"] for answer in answers.values()) - killed
+    new_order = check_round(survivors, answers)
+    assert new_order == survivors, (
+        f"survivors must keep their relative order: before {[n.name for n in survivors]}, "
+        f"after {[n.name for n in new_order]}"
+    )
+    dead = {victim.node_id for victim in victims}
+    assert not dead & set(answers[survivors[0].name]["participants"])
+    assert took <= LIVENESS_BOUND + 2.0, (
+        f"the survivors' round took {took:.2f} s after the kill; the liveness bound is "
+        f"{LIVENESS_BOUND:g} s (+2 s allowed)"
+    )
+    check_exchange(new_order, answers)
+
+
+# ---------------------------------------------------------------------------
+# 4. Nodes beyond max_nodes are redundant; closing sends them home.
+# ---------------------------------------------------------------------------
+
+
+def test_redundant_nodes_exit_gracefully_when_closed(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+
+    def spec(i: int) -> dict[str, Any]:
+        # The long last call means only max_nodes completes a round.
+        return node_spec(
+            endpoint, run_id, min_nodes=2, max_nodes=4, is_host=i == 0, last_call_timeout=30
+        )
+
+    nodes = start_nodes(spawn_node, [(f"n{i}", spec(i)) for i in range(6)])
+    send_all(nodes, "next")
+    # Exactly four answer; which four is up to the race.
+    answers: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + ROUND_TIMEOUT
+    while len(answers) < 4 and time.monotonic() < deadline:
+        for node in nodes:
+            if node.name not in answers:
+                answer = node.poll(0.05)
+                if answer is not None:
+                    answers[node.name] = answer
+    assert len(answers) == 4, f"4 of 6 nodes should form the round, got {sorted(answers)}"
+    participants = [node for node in nodes if node.name in answers]
+    redundant = [node for node in nodes if node.name not in answers]
+    ordered = check_round(participants, answers)
+    names = set(answers[ordered[0].name]["participants"])
+    for node in redundant:
+        assert not any(name.startswith(f"{ADDR}_{node.pid}_") for name in names), node
+    assert_silent(redundant, 1.5, "they are beyond max_nodes")
+    # The redundancy list is not the wait list: no restart is pending.
+    assert set(values(ordered, "waiting").values()) == {0}
+
+    closer = ordered[1]
+    closed = closer.request("close")
+    assert "error" not in closed, closed
+    exits = collect(redundant, 15, "the end of a redundant node's next_rendezvous()")
+    for name, answer in exits.items():
+        assert answer.get("error") == "RendezvousGracefulExitError", f"{name}: {answer}"
+
+    newcomer = spawn_node("late", spec(6))
+    newcomer.wait_ready()
+    late = newcomer.request("next", 15)
+    assert late.get("error") == "RendezvousClosedError", f"a join after closing: {late}"
+    again = ordered[2].request("next", 15)
+    assert again.get("error") == "RendezvousClosedError", f"a participant re-joining: {again}"
+    everyone = [*nodes, newcomer]
+    assert set(values(everyone, "closed?").values()) == {True}
+
+
+# ---------------------------------------------------------------------------
+# 5. A join that times out is rolled back.
+# ---------------------------------------------------------------------------
+
+
+def test_join_timeout_rolls_back(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+
+    def spec(join_timeout: float, is_host: bool = False) -> dict[str, Any]:
+        return node_spec(
+            endpoint,
+            run_id,
+            min_nodes=3,
+            max_nodes=3,
+            is_host=is_host,
+            join_timeout=join_timeout,
+            last_call_timeout=1,
+        )
+
+    # The host only hosts the store: it never joins.
+    host, early, later = start_nodes(
+        spawn_node, [("host", spec(LONG_JOIN, True)), ("a", spec(2.0)), ("b", spec(3.5))]
+    )
+    send_all([early, later], "next")
+    first = early.read(2.0 + 8, "a's join timeout")
+    second = later.read(3.5 + 8, "b's join timeout")
+    # Two nodes of the three needed: the open round never had min_nodes.
+    for answer, budget in ((first, 2.0), (second, 3.5)):
+        assert answer.get("error") == "RendezvousExhaustedError", answer
+        assert answer["min_nodes"] == 3, answer
+        assert budget - 0.25 <= answer["elapsed"] <= budget + 5, answer
+    assert first["joined"] == 2, f"a timed out while a and b were gathered: {first}"
+    assert second["joined"] == 1, f"b timed out after a's join was rolled back: {second}"
+    for node in (host, early, later):
+        assert node.request("waiting")["value"] == 0
+
+    # Nothing of a or b is left: three fresh nodes are exactly the next round.
+    fresh = start_nodes(
+        spawn_node, [(f"f{i}", spec(LONG_JOIN)) for i in range(3)], host_first=False
+    )
+    answers = ask_all(fresh, "next")
+    ordered = check_round(fresh, answers)
+    assert ordered == natural_order(fresh)
+    assert early.alive()
+    assert later.alive()
+
+
+# ---------------------------------------------------------------------------
+# 6. The store host dies while the others wait.
+# ---------------------------------------------------------------------------
+
+
+def test_store_host_death_is_a_connection_error(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    read_timeout = 5.0
+
+    def spec(i: int) -> dict[str, Any]:
+        # Four needed, three come: everyone waits in next_rendezvous().
+        return node_spec(
+            endpoint, run_id, min_nodes=4, max_nodes=4, is_host=i == 0, read_timeout=read_timeout
+        )
+
+    host, *others = start_nodes(spawn_node, [(f"n{i}", spec(i)) for i in range(3)])
+    send_all([host, *others], "next")
+    assert_silent([host, *others], 1.5, "the round needs four nodes")
+    killed = time.monotonic()
+    host.kill()
+    budget = read_timeout + 5
+    answers = collect(others, budget, "the error after the store host died")
+    for name, answer in answers.items():
+        assert answer.get("error") == "RendezvousConnectionError", f"{name}: {answer}"
+        took = answer["_arrived"] - killed
+        assert took <= budget, f"{name} took {took:.1f} s"
+    # Nothing hangs afterwards either.
+    for node in others:
+        after = node.request("waiting", budget)
+        assert after.get("error") == "RendezvousConnectionError", f"{node.name}: {after}"
+    for node in others:
+        assert node.request("exit", 5)["cmd"] == "exit"
+        node.proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------
+# 7. Hosts whose wall clocks disagree by two minutes.
+# ---------------------------------------------------------------------------
+
+
+def test_clock_skew_is_harmless(spawn_node: Spawn, free_port: int) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    skews = [60.0, -60.0, 0.0, 60.0, -60.0, 0.0]
+    specs = [
+        (
+            f"n{i}{'+' if skew > 0 else '-' if skew < 0 else '='}",
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=4,
+                max_nodes=6,
+                is_host=i == 0,
+                clock_skew=skew,
+                last_call_timeout=0.5,
+                keep_alive_interval=KEEP_ALIVE_INTERVAL,
+                keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+            ),
+        )
+        for i, skew in enumerate(skews)
+    ]
+    nodes = start_nodes(spawn_node, specs)
+    host = nodes[0]
+    # The skew is really in place in each process.
+    for node, skew in zip(nodes, skews, strict=True):
+        info = node.request("info")
+        now = time.time()
+        for clock in ("time", "datetime_now", "utcnow"):
+            assert abs(info[clock] - now - skew) < 5, f"{node.name} {clock}: {info}"
+        assert abs(info["time_ns"] / 1e9 - now - skew) < 5, f"{node.name}: {info}"
+
+    ordered = check_round(nodes, ask_all(nodes, "next"))
+    assert ordered == natural_order(nodes)
+
+    others = [node for node in ordered if node is not host]
+    victims = [next(n for n in others if n.spec["clock_skew"] < 0), others[-1]]
+    survivors = [node for node in ordered if node not in victims]
+    killed = time.monotonic()
+    for victim in victims:
+        victim.kill()
+    send_all(survivors, "next")
+    answers = collect(survivors, ROUND_TIMEOUT, "the round after the kill")
+    took = max(answer["_arrived"] for answer in answers.values()) - killed
+    assert check_round(survivors, answers) == survivors
+    assert took <= LIVENESS_BOUND + 2.0, f"the round after the kill took {took:.2f} s"
+
+    # One more round with no failure: the four keep their ranks.
+    again = ask_all(survivors, "next")
+    assert check_round(survivors, again) == survivors
+    assert set(values(survivors, "waiting").values()) == {0}
+
+
+# ---------------------------------------------------------------------------
+# 8. The file store.
+# ---------------------------------------------------------------------------
+
+
+def test_file_store_round(spawn_node: Spawn, tmp_path: Path) -> None:
+    endpoint = str(tmp_path / "rdzv.store")
+    run_id = _run_id()
+    spec = node_spec(endpoint, run_id, min_nodes=3, max_nodes=3, store_type="file")
+    nodes = start_nodes(spawn_node, [(f"n{i}", spec) for i in range(3)], host_first=False)
+    answers = ask_all(nodes, "next")
+    ordered = check_round(nodes, answers)
+    assert ordered == natural_order(nodes)
+    check_exchange(ordered, answers)
+    # A second round on the same file.
+    assert check_round(nodes, ask_all(nodes, "next")) == ordered
+    assert set(values(nodes, "closed?").values()) == {False}
+
+
+# ---------------------------------------------------------------------------
+# 9. The other backend names.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["p10d", "c10d"])
+def test_other_backends_round(spawn_node: Spawn, free_port: int, backend: str) -> None:
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    specs = [
+        (
+            f"n{i}",
+            node_spec(endpoint, run_id, min_nodes=2, max_nodes=3, backend=backend, is_host=i == 0),
+        )
+        for i in range(3)
+    ]
+    nodes = start_nodes(spawn_node, specs)
+    for node in nodes:
+        assert node.ready["backend"] == backend
+    answers = ask_all(nodes, "next")
+    ordered = check_round(nodes, answers)
+    check_exchange(ordered, answers)
+    assert set(values(nodes, "waiting").values()) == {0}

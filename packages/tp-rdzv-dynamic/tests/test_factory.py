@@ -1,0 +1,132 @@
+"""The registry creators: backends core, c10d and p10d, their config keys and stores."""
+
+from __future__ import annotations
+
+import pytest
+
+from tp_rdzv_api import (
+    RendezvousConnectionError,
+    RendezvousParameters,
+    create_handler,
+    rendezvous_handler_registry,
+)
+from tp_rdzv_dynamic import DynamicRendezvousHandler, P10dRendezvousBackend, TpRendezvousBackend
+from tp_rdzv_dynamic.factory import create_store, is_local_address, settings_from
+from tp_store import FileStore, TCPStore
+
+
+def params(backend: str, endpoint: str, **config: object) -> RendezvousParameters:
+    config.setdefault("last_call_timeout", 0.1)
+    return RendezvousParameters(
+        backend, endpoint, "job", min_nodes=1, max_nodes=2, local_addr="127.0.0.1", config=config
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "backend_type"),
+    [("core", TpRendezvousBackend), ("c10d", TpRendezvousBackend), ("p10d", P10dRendezvousBackend)],
+)
+def test_registered_backends(free_port, name, backend_type):
+    assert name in rendezvous_handler_registry
+    handler = create_handler(params(name, f"127.0.0.1:{free_port}", is_host=True))
+    assert isinstance(handler, DynamicRendezvousHandler)
+    assert handler.get_backend() == name
+    assert isinstance(handler._holder.backend, backend_type)
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert info.bootstrap_store_info.port == free_port
+    handler.shutdown()
+
+
+def test_the_host_serves_and_the_others_connect(free_port):
+    host = create_handler(params("core", f"127.0.0.1:{free_port}", is_host="true"))
+    guest = create_handler(params("core", f"127.0.0.1:{free_port}", is_host="false"))
+    assert host._store.server is not None
+    assert guest._store.server is None
+    host.shutdown()
+
+
+def test_a_local_address_hosts_unless_someone_already_does(free_port):
+    first = create_store(params("core", f"127.0.0.1:{free_port}"))
+    second = create_store(params("core", f"127.0.0.1:{free_port}"))
+    assert isinstance(first, TCPStore)
+    assert first.server is not None
+    assert isinstance(second, TCPStore)
+    second.set("k", "v")
+    assert first.get("k") == b"v"
+    first.close()
+
+
+def test_explicit_host_that_cannot_bind_is_an_error(free_port):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port))
+        taken.listen()
+        # Another process owns the port: hosting was asked for, so no fallback.
+        with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{free_port}"):
+            create_store(params("core", f"127.0.0.1:{free_port}", is_host=True))
+
+
+def test_unreachable_store_is_a_connection_error(free_port):
+    with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{free_port}"):
+        create_store(params("core", f"127.0.0.1:{free_port}", is_host=False, read_timeout=0.5))
+
+
+def test_file_store(tmp_path):
+    path = tmp_path / "rdzv"
+    store = create_store(params("core", str(path), store_type="file"))
+    assert isinstance(store, FileStore)
+    handler = create_handler(params("core", str(path), store_type="FILE"))
+    info = handler.next_rendezvous()
+    assert info.world_size == 1
+    assert info.bootstrap_store_info is not None
+    handler.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"store_type": "redis"}, "store_type"),
+        ({"read_timeout": "soon"}, "read_timeout"),
+        ({"read_timeout": 0}, "read_timeout"),
+        ({"keep_alive_interval": "-1"}, "keep_alive_interval"),
+        ({"keep_alive_max_attempt": "0"}, "keep_alive_max_attempt"),
+        ({"keep_alive_max_attempt": "many"}, "keep_alive_max_attempt"),
+        ({"join_timeout": "x"}, "join_timeout"),
+        ({"is_host": "maybe"}, "is_host"),
+    ],
+)
+def test_bad_config_is_named(free_port, config, match):
+    with pytest.raises(ValueError, match=match):
+        create_handler(params("core", f"127.0.0.1:{free_port}", **config))
+
+
+def test_file_store_needs_a_path():
+    with pytest.raises(ValueError, match="path"):
+        create_store(params("core", " ", store_type="file"))
+
+
+def test_settings_from_config_strings():
+    settings = settings_from(
+        params(
+            "core",
+            "h:1",
+            join_timeout="12",
+            last_call_timeout="1.5",
+            keep_alive_interval="2",
+            keep_alive_max_attempt="4",
+        )
+    )
+    assert settings.timeout.join.total_seconds() == 12
+    assert settings.timeout.last_call.total_seconds() == 1.5
+    assert settings.keep_alive_interval.total_seconds() == 2
+    assert settings.keep_alive_max_attempt == 4
+    assert (settings.min_nodes, settings.max_nodes, settings.run_id) == (1, 2, "job")
+
+
+@pytest.mark.parametrize(
+    ("host", "local"), [("127.0.0.1", True), ("localhost", True), ("192.0.2.1", False)]
+)
+def test_is_local_address(host, local):
+    assert is_local_address(host) is local

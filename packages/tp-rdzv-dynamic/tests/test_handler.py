@@ -1,0 +1,300 @@
+"""The handler in one process: nodes as threads on a real TCPStore server on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+
+from tp_rdzv_api import (
+    RendezvousClosedError,
+    RendezvousExhaustedError,
+    RendezvousInfo,
+    RendezvousStateError,
+    RendezvousStoreInfo,
+    RendezvousTimeout,
+)
+from tp_rdzv_dynamic import (
+    DynamicRendezvousHandler,
+    P10dRendezvousBackend,
+    RendezvousSettings,
+    TpRendezvousBackend,
+    _NodeDesc,
+    _RendezvousStateHolder,
+)
+from tp_rdzv_dynamic.state import decode_state
+from tp_store import PrefixStore, TCPStore
+
+RUN = "job"
+
+
+@pytest.fixture
+def server() -> Iterator[TCPStore]:
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
+    yield master
+    master.close()
+
+
+@pytest.fixture
+def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandler]]:
+    """``make_node(min, max, **timeouts)``: a handler on its own store connection."""
+    handlers: list[DynamicRendezvousHandler] = []
+
+    def make(  # noqa: PLR0917 - a test helper, read at each call site
+        min_nodes: int,
+        max_nodes: int,
+        join: float = 30,
+        last_call: float = 0.3,
+        interval: float = 0.5,
+        backend: type = TpRendezvousBackend,
+    ) -> DynamicRendezvousHandler:
+        store = TCPStore("127.0.0.1", server.port, timeout=10)
+        handler = DynamicRendezvousHandler.from_backend(
+            RUN,
+            store,
+            backend(store, RUN),
+            min_nodes,
+            max_nodes,
+            local_addr="127.0.0.1",
+            timeout=RendezvousTimeout(join=join, last_call=last_call),
+            keep_alive_interval=interval,
+            keep_alive_max_attempt=2,
+        )
+        handlers.append(handler)
+        return handler
+
+    yield make
+    for handler in handlers:
+        handler._stop_steward()
+        handler._stop_heartbeats()
+
+
+def rendezvous_all(handlers: list[DynamicRendezvousHandler]) -> list[RendezvousInfo]:
+    with ThreadPoolExecutor(len(handlers)) as pool:
+        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_three_nodes_agree(make_node, server):
+    handlers = [make_node(3, 3) for _ in range(3)]
+    infos = rendezvous_all(handlers)
+    assert sorted(info.rank for info in infos) == [0, 1, 2]
+    assert {info.world_size for info in infos} == {3}
+    lists = {tuple(str(p) for p in info.participants) for info in infos}
+    assert len(lists) == 1
+    for handler, info in zip(handlers, infos, strict=True):
+        assert info.participants[info.rank] == handler.node
+        assert info.bootstrap_store_info == RendezvousStoreInfo("127.0.0.1", server.port)
+        assert isinstance(info.store, PrefixStore)
+
+
+def test_round_stores_are_separate_and_shared(make_node):
+    handlers = [make_node(2, 2) for _ in range(2)]
+    first = rendezvous_all(handlers)
+    first[0].store.set("k", "round0")
+    assert first[1].store.get("k") == b"round0"
+    second = rendezvous_all(handlers)
+    assert not second[0].store.check(["k"])
+    assert sorted(info.rank for info in second) == [0, 1]
+
+
+def test_late_joiner_is_counted_then_joins_the_next_round(make_node):
+    handlers = [make_node(2, 3) for _ in range(2)]
+    rendezvous_all(handlers)
+    late = make_node(2, 3)
+    with ThreadPoolExecutor(1) as pool:
+        pending: Future[RendezvousInfo] = pool.submit(late.next_rendezvous)
+        wait_until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers))
+        assert not pending.done()
+        infos = rendezvous_all(handlers)
+        late_info = pending.result(timeout=10)
+    assert late_info.world_size == 3
+    assert sorted(info.rank for info in [*infos, late_info]) == [0, 1, 2]
+    assert handlers[0].num_nodes_waiting() == 0
+
+
+def test_max_completes_without_waiting_for_the_last_call(make_node):
+    handlers = [make_node(1, 3, last_call=60) for _ in range(3)]
+    started = time.monotonic()
+    rendezvous_all(handlers)
+    assert time.monotonic() - started < 30  # the 60 s last call never ran
+
+
+def test_closing_wakes_waiters_and_rejects_joiners(make_node):
+    a, b = make_node(3, 3), make_node(3, 3)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(a.next_rendezvous)
+        wait_until(a._steward_running)  # a has joined: it leads the empty run
+        b.set_closed()
+        with pytest.raises(RendezvousClosedError):
+            waiting.result(timeout=10)
+    assert a.is_closed()
+    assert b.is_closed()
+    with pytest.raises(RendezvousClosedError):
+        make_node(3, 3).next_rendezvous()
+
+
+def test_join_timeout_rolls_back(make_node):
+    lonely = make_node(2, 2, join=1)
+    with pytest.raises(RendezvousExhaustedError) as caught:
+        lonely.next_rendezvous()
+    assert (caught.value.min_nodes, caught.value.joined) == (2, 1)
+    raw, _ = lonely._holder.backend.get_state()
+    state = decode_state(raw, "test")
+    assert lonely.node not in set(state.members())
+    # The steward lease was handed back: two new nodes rendezvous at once.
+    infos = rendezvous_all([make_node(2, 2), make_node(2, 2)])
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert lonely.node not in infos[0].participants
+
+
+def test_corrupt_state_names_the_key(make_node, server):
+    handler = make_node(1, 1)
+    server.set("tp_rdzv/job/state", b"\x80\x04not json")
+    with pytest.raises(RendezvousStateError, match="tp_rdzv/job/state"):
+        handler.next_rendezvous()
+    with pytest.raises(RendezvousStateError, match="tp_rdzv/job/state"):
+        handler.set_closed()
+
+
+def test_p10d_backend_rendezvous(make_node):
+    handlers = [make_node(2, 2, backend=P10dRendezvousBackend) for _ in range(2)]
+    infos = rendezvous_all(handlers)
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert handlers[0].get_backend() == "p10d"
+
+
+# -- construction -------------------------------------------------------------------------
+
+
+def test_documented_keyword_form(server):
+    store = TCPStore("127.0.0.1", server.port, timeout=5)
+    settings = RendezvousSettings(run_id="kw", min_nodes=1, max_nodes=1)
+    handler = DynamicRendezvousHandler(
+        backend=TpRendezvousBackend(store, "kw"),
+        settings=settings,
+        local_addr="127.0.0.1",
+        node_rank=0,
+        store=store,
+    )
+    assert (handler.get_backend(), handler.get_run_id()) == ("core", "kw")
+    assert handler.use_agent_store
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert handler.shutdown()
+    assert handler.is_closed()
+
+
+def test_pytorch_positional_form(server):
+    store = TCPStore("127.0.0.1", server.port, timeout=5)
+    settings = RendezvousSettings("pos", 1, 1, RendezvousTimeout(), timedelta(seconds=1), 3)
+    holder = _RendezvousStateHolder(TpRendezvousBackend(store, "pos"), "pos")
+    node = _NodeDesc("127.0.0.1", 1234, 0)
+    handler = DynamicRendezvousHandler(node, settings, "c10d", store, holder)
+    assert handler.get_backend() == "c10d"
+    assert handler.node == node
+    assert handler.next_rendezvous().participants == [node]
+    handler.shutdown()
+
+
+def test_from_backend_takes_the_backend_name(server):
+    store = TCPStore("127.0.0.1", server.port, timeout=5)
+    handler = DynamicRendezvousHandler.from_backend(
+        "fb", store, P10dRendezvousBackend(store, "fb"), 1, 2, keep_alive_interval=2
+    )
+    assert handler.get_backend() == "p10d"
+    assert handler.settings.keep_alive_interval == timedelta(seconds=2)
+    assert (handler.settings.min_nodes, handler.settings.max_nodes) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"settings": RendezvousSettings(run_id="")}, ValueError, "run id"),
+        ({"backend": None}, TypeError, "RendezvousBackend"),
+        ({"settings": "nope"}, TypeError, "RendezvousSettings"),
+        ({"node_rank": -1}, ValueError, "node_rank"),
+        ({"local_addr": ""}, ValueError, "local_addr"),
+        ({"run_id": "other"}, ValueError, "differs"),
+        ({"backend_name": ""}, ValueError, "backend_name"),
+    ],
+)
+def test_bad_arguments(server, kwargs, error, match):
+    store = TCPStore("127.0.0.1", server.port, timeout=5)
+    arguments = {
+        "backend": TpRendezvousBackend(store, "bad"),
+        "settings": RendezvousSettings(run_id="bad"),
+        "store": store,
+        **kwargs,
+    }
+    with pytest.raises(error, match=match):
+        DynamicRendezvousHandler(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((), {"min_nodes": 0}, ValueError, "min_nodes"),
+        ((), {"min_nodes": 3, "max_nodes": 2}, ValueError, "max_nodes"),
+        ((), {"keep_alive_max_attempt": 0}, ValueError, "keep_alive_max_attempt"),
+        ((), {"keep_alive_interval": -1}, ValueError, "keep_alive_interval"),
+        ((), {"join": 0}, ValueError, "join"),
+        ((), {"timeout": RendezvousTimeout(), "join": 5}, TypeError, "not both"),
+        (("r", 1, 1, None, None, 3, "extra"), {}, TypeError, "at most 6"),
+        ((), {"run_id": 5}, TypeError, "run_id"),
+        ((), {"min_nodes": True}, TypeError, "min_nodes"),
+    ],
+)
+def test_bad_settings(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        RendezvousSettings(*args, **kwargs)
+
+
+def test_settings_forms_agree():
+    positional = RendezvousSettings("r", 2, 4, RendezvousTimeout(join=9), timedelta(seconds=2), 5)
+    keywords = RendezvousSettings(
+        run_id="r",
+        min_nodes=2,
+        max_nodes=4,
+        join=9,
+        keep_alive_interval=2,
+        keep_alive_max_attempt=5,
+    )
+    assert repr(positional) == repr(keywords)
+    assert keywords.liveness_bound == timedelta(seconds=10)
+
+
+def test_heartbeats_continue_after_the_round(make_node, server):
+    handler = make_node(1, 1, interval=0.1)
+    handler.next_rendezvous()
+    key = f"tp_rdzv/{RUN}/hb/{handler.node}"
+    first = int(server.get(key))
+    wait_until(lambda: int(server.get(key)) >= first + 3, seconds=5)
+
+
+def test_many_threads_one_round(make_node):
+    handlers = [make_node(50, 50) for _ in range(50)]
+    infos = rendezvous_all(handlers)
+    assert sorted(info.rank for info in infos) == list(range(50))
+    participants = infos[0].participants
+    assert participants == sorted(participants, key=lambda n: n.local_id)
+    assert all(info.participants == participants for info in infos)
+
+
+def test_threads_do_not_leak_after_shutdown(make_node):
+    before = threading.active_count()
+    handlers = [make_node(2, 2) for _ in range(2)]
+    rendezvous_all(handlers)
+    for handler in handlers:
+        handler.shutdown()
+    wait_until(lambda: threading.active_count() <= before + 1)

@@ -1,0 +1,139 @@
+"""The state and round outcome documents: versioned JSON, strictly decoded."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from tp_rdzv_api import RendezvousStateError
+from tp_rdzv_dynamic.node import _NodeDesc
+from tp_rdzv_dynamic.state import (
+    RendezvousState,
+    decode_outcome,
+    decode_state,
+    encode_closed_outcome,
+    encode_outcome,
+    encode_state,
+)
+
+A = _NodeDesc("node-a", 10, 0)
+B = _NodeDesc("node-b", 11, 1)
+C = _NodeDesc("10.0.0.7", 12, 2)
+WHERE = "key 'tp_rdzv/run/state'"
+
+
+def sample() -> RendezvousState:
+    return RendezvousState(
+        round=3,
+        complete=True,
+        closed=False,
+        participants={B: 0, A: 1},
+        wait_list={C: None},
+        redundancy_list={},
+        hints={A: 1},
+        last_order=[B, A],
+        epoch=7,
+    )
+
+
+def test_state_round_trips():
+    state = sample()
+    assert decode_state(encode_state(state), WHERE) == state
+
+
+def test_state_is_versioned_json_not_pickle():
+    document = json.loads(encode_state(sample()))
+    assert document["format"] == "tp-rdzv-state"
+    assert document["schema"] == 1
+
+
+def mutate(**changes: object) -> bytes:
+    document = json.loads(encode_state(sample()))
+    document.update(changes)
+    return json.dumps(document).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "complaint"),
+    [
+        (b"\x80\x04\x95", "is not JSON"),
+        (pickle.dumps({"round": 1}), "is not JSON"),
+        (b"[1, 2]", "is not a JSON object"),
+        (mutate(format="something-else"), "has format"),
+        (mutate(schema=2), "schema version 2"),
+        (mutate(round=-1), "'round'"),
+        (mutate(round="3"), "'round'"),
+        (mutate(complete="yes"), "'complete'"),
+        (mutate(epoch=True), "'epoch'"),
+        (mutate(participants=[["node-a", 10, 0]]), "participants[0]"),
+        (mutate(participants=[["", 10, 0, 0]]), "participants[0]"),
+        (mutate(wait_list=[["node-c", -1, 0]]), "wait_list[0]"),
+        (mutate(wait_list={"a": 1}), "'wait_list'"),
+        (mutate(participants=[["node-a", 10, 0, 0], ["node-b", 11, 1, 5]]), "ranks are not"),
+    ],
+)
+def test_corrupt_state_names_the_key(raw, complaint):
+    with pytest.raises(RendezvousStateError) as caught:
+        decode_state(raw, WHERE)
+    assert WHERE in str(caught.value)
+    assert complaint in str(caught.value)
+
+
+def test_outcome_lists_participants_in_rank_order():
+    outcome = decode_outcome(encode_outcome(sample()), "key 'result/3'")
+    assert outcome.round == 3
+    assert not outcome.closed
+    assert outcome.participants == (B, A)
+    assert outcome.ranks == {B: 0, A: 1}
+    assert outcome.wait_list == (C,)
+
+
+def test_closed_outcome():
+    outcome = decode_outcome(encode_closed_outcome(4), "key 'result/4'")
+    assert outcome.closed
+    assert outcome.round == 4
+    assert outcome.participants == ()
+
+
+@pytest.mark.parametrize(
+    ("document", "complaint"),
+    [
+        ({"format": "tp-rdzv-round", "schema": 1, "round": 1, "status": "odd"}, "status"),
+        (
+            {
+                "format": "tp-rdzv-round",
+                "schema": 1,
+                "round": 1,
+                "status": "complete",
+                "participants": [],
+                "wait_list": [],
+                "redundancy_list": [],
+            },
+            "without participants",
+        ),
+        (
+            {
+                "format": "tp-rdzv-round",
+                "schema": 1,
+                "round": 1,
+                "status": "complete",
+                "participants": [["a", 1, 0], ["a", 1, 0]],
+                "wait_list": [],
+                "redundancy_list": [],
+            },
+            "twice",
+        ),
+        ({"format": "tp-rdzv-state", "schema": 1}, "has format"),
+    ],
+)
+def test_corrupt_outcome_names_the_key(document, complaint):
+    with pytest.raises(RendezvousStateError, match=complaint) as caught:
+        decode_outcome(json.dumps(document).encode(), "key 'result/1'")
+    assert "key 'result/1'" in str(caught.value)
+
+
+def test_node_text_is_the_same_everywhere():
+    assert str(A) == repr(A) == "node-a_10_0"
+    assert A.key == "node-a_10_0"
