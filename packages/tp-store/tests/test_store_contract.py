@@ -189,6 +189,15 @@ def test_get_times_out_naming_the_key(harness: Harness) -> None:
 
 
 # -- wait / check ------------------------------------------------------------------
+def test_wait_get_waits_with_its_own_timeout(harness: Harness) -> None:
+    assert_times_out(lambda: harness.store.wait_get("late", SHORT), "late")
+    getter = Call(functools.partial(harness.handle().wait_get, "late", TIMEOUT))
+    getter.assert_blocked()
+    harness.store.set("late", b"\x00value")
+    assert getter.outcome() == b"\x00value"
+    assert harness.store.wait_get("late") == b"\x00value"
+
+
 def test_wait_returns_at_once_when_the_keys_exist(store: Store) -> None:
     store.set("a", "1")
     store.set("b", "2")

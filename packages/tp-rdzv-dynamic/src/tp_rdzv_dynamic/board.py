@@ -171,10 +171,9 @@ class RendezvousBoard:
         key = self.outcome_key(round_)
         with self._store_errors(f"waiting for round {round_}"):
             try:
-                self.store.wait([key], timeout)
+                raw = self.store.wait_get(key, timeout)
             except StoreTimeoutError:
                 return None
-            raw = self.store.get(key)
         return decode_outcome(raw, key)
 
     def read_lease(self) -> Lease:

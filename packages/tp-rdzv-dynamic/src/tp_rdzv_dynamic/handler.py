@@ -212,12 +212,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         deadline = now + self._settings.timeout.join.total_seconds()
         board.beat(node)
         next_beat = now + self._tick
-        if board.is_closed():
-            raise RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
+        # No closed check first: a closed rendezvous has published "closed" as
+        # the outcome of the round this node waits for.
         self._watch_lease(now)
         self._post_join()
         round_ = board.round_hint()
-        spare = False
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -234,15 +233,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if outcome.error is not None:
                 raise RendezvousStateError(outcome.error)
             if outcome.closed:
-                if spare:
-                    raise RendezvousGracefulExitError(
-                        f"the rendezvous {self.get_run_id()!r} closed while {node} was a spare"
-                    )
-                raise RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
+                raise self._closed_error()
             rank = outcome.ranks.get(node)
             if rank is not None:
                 break
-            spare = node in outcome.redundancy_list
             round_ = outcome.round + 1
         self._start_heartbeats()
         return self._info(outcome, rank)
@@ -339,6 +333,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _post_join(self) -> None:
         self._board.post(Join(self._node, self._hint))
         self._posted_epoch = self._lease_epoch
+
+    def _closed_error(self) -> RendezvousError:
+        """Spares leave gracefully when the rendezvous closes; everyone else is refused."""
+        state, _ = self._holder.load()
+        if self._node in state.redundancy_list:
+            return RendezvousGracefulExitError(
+                f"the rendezvous {self.get_run_id()!r} closed while {self._node} was a spare"
+            )
+        return RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
 
     def _roll_back(self) -> RendezvousError:
         """Withdraw this node after its join timed out; the error to raise."""

@@ -110,8 +110,9 @@ class Steward:
         """Load the state and stamp it with this epoch, which fences older stewards out."""
         state, token = self.holder.load()
         for _ in range(_MAX_RETRIES):
-            if state.epoch > self.epoch:
-                raise LeaseLost
+            if state.epoch >= self.epoch:
+                # The lease was reset or damaged: move it past the state's epoch.
+                self._swap_lease(state.epoch + 1, self._beat)
             stamped = state.copy()
             stamped.epoch = self.epoch
             stored, token, won = self.holder.save(stamped, token)
@@ -216,11 +217,13 @@ class Steward:
             self._last_call_at = now + self.settings.timeout.last_call.total_seconds()
 
     def _beat_lease(self) -> None:
-        self._beat += 1
-        desired = Lease.encode(self.epoch, self.node.key, self._beat)
+        self._swap_lease(self.epoch, self._beat + 1)
+
+    def _swap_lease(self, epoch: int, beat: int) -> None:
+        desired = Lease.encode(epoch, self.node.key, beat)
         if not self.board.swap_lease(self._lease, desired):
             raise LeaseLost
-        self._lease = desired
+        self._lease, self.epoch, self._beat = desired, epoch, beat
 
     def _report(self, exc: RendezvousStateError) -> None:
         """Tell the nodes waiting for the next rounds that nobody can decide them."""

@@ -138,6 +138,15 @@ class Store(abc.ABC):
         """A new handle on the same data, safe to use from another thread."""
 
     # -- operations with a generic implementation ----------------------------
+    def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` (default: the store's) for it.
+
+        An extension of PyTorch's API: ``get`` with its own timeout. Raises
+        ``StoreTimeoutError`` if the key does not appear in time.
+        """
+        self.wait([key], timeout)
+        return self.get(key)
+
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
         """The values of all ``keys``, waiting for all of them to exist."""
         self.wait(keys)

@@ -59,6 +59,10 @@ class PrefixStore(Store):
         """Return the value of ``key``, waiting up to the timeout for it to exist."""
         return self._store.get(self._key(key))
 
+    def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` (default: the store's) for it."""
+        return self._store.wait_get(self._key(key), timeout)
+
     def add(self, key: Data, amount: int) -> int:
         """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
         return self._store.add(self._key(key), amount)

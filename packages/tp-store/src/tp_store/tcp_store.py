@@ -390,19 +390,23 @@ class TCPStore(Store):
         self._send(Set(_user_key(key), as_bytes(value)).encode())
 
     def get(self, key: Data) -> bytes:
+        return self.wait_get(key)
+
+    def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` for it: one round trip on our server."""
         user_key = _user_key(key)
         if self._extended:
             reply = self._blocking(
                 WaitGet((user_key,)).encode(),
                 ReplyKind.WAIT_GET,
                 1,
-                self.timeout.total_seconds(),
+                self._deadline_seconds(timeout),
                 [key],
             )
             fetched = reply[1] if isinstance(reply, tuple) else None
             assert isinstance(fetched, list)
             return fetched[0]
-        self.wait([key])
+        self.wait([key], timeout)
         value = self._request(Get(user_key).encode(), ReplyKind.BYTES)
         assert isinstance(value, bytes)
         return value
