@@ -63,7 +63,9 @@ class Steward:
         self._tick = settings.keep_alive_interval.total_seconds()
         self._liveness = LivenessTracker(settings.liveness_bound.total_seconds())
         self._stop = threading.Event()
-        self._state = RendezvousState()
+        self._state = RendezvousState()  # what this steward decided
+        self._saved = self._state  # what the backend holds
+        self._unsaved: list[Event] = []  # events applied since the last save
         self._token: object = None
         self._last_call_at: float | None = None
         self._thread = threading.Thread(
@@ -117,7 +119,8 @@ class Steward:
             stamped.epoch = self.epoch
             stored, token, won = self.holder.save(stamped, token)
             if won:
-                self._state, self._token = stamped, token
+                self._state = self._saved = stamped
+                self._token = token
                 break
             state = stored
         else:
@@ -151,13 +154,14 @@ class Steward:
                 if receipt is not None:
                     receipts.append(receipt)
         now = time.monotonic()
-        if now >= self._next_scan:
+        tick = now >= self._next_scan
+        if tick:
             events.extend(self._find_dead(now))
             self._next_scan = now + self._tick
         expired = self._last_call_at is not None and now >= self._last_call_at
-        if events or expired:
-            self._decide(events, expired)
-            self.board.confirm(receipts)
+        if events or expired or tick:
+            self._decide(events, expired, flush=tick)
+        self.board.confirm(receipts)
         if now >= self._next_beat:
             self._beat_lease()
             self._next_beat = now + self._tick
@@ -176,27 +180,48 @@ class Steward:
             )
         return [Leave(by_key[key]) for key in silent]
 
-    def _decide(self, events: list[Event], last_call_expired: bool) -> None:
-        state, token = self._state, self._token
-        for _ in range(_MAX_RETRIES):
-            transition = apply(state, events, self.settings, last_call_expired=last_call_expired)
-            if transition.state == state:
-                break
-            stored, new_token, won = self.holder.save(transition.state, token)
-            if won:
-                self._state, self._token = transition.state, new_token
-                self._announce(transition)
-                break
-            # Someone else wrote (set_closed, a rollback): decide again on theirs.
-            if stored.epoch > self.epoch:
-                raise LeaseLost
-            state, token = stored, new_token
-            self._state, self._token = stored, new_token
-        else:
-            raise LeaseLost
+    def _decide(self, events: list[Event], last_call_expired: bool, flush: bool) -> None:
+        """Apply ``events``; persist at once if a round ends or opens or a node leaves.
+
+        Joins alone are only persisted at the next tick (``flush``): a new
+        steward gets them again from the nodes, which re-post to every new
+        steward, so persisting each batch would only make a storm of joins
+        rewrite the whole state once per batch.
+        """
+        self._unsaved.extend(events)
+        transition = apply(self._state, events, self.settings, last_call_expired=last_call_expired)
+        self._state = transition.state
+        urgent = bool(transition.outcomes or transition.opened) or any(
+            isinstance(event, Leave) for event in events
+        )
+        if self._state == self._saved:
+            self._unsaved.clear()  # nothing to persist: the backend holds this state
+        elif urgent or flush:
+            transition = self._save(transition, last_call_expired)
+        self._announce(transition)
         self._update_last_call(time.monotonic())
 
+    def _save(self, transition: Transition, last_call_expired: bool) -> Transition:
+        """Persist the state; after losing a race, rebuild on the winner's and retry."""
+        for _ in range(_MAX_RETRIES):
+            stored, token, won = self.holder.save(self._state, self._token)
+            self._token = token
+            if won:
+                self._saved = self._state
+                self._unsaved.clear()
+                return transition
+            # Someone else wrote (set_closed): what this steward has not saved
+            # yet is decided again on top of theirs.
+            if stored.epoch > self.epoch:
+                raise LeaseLost
+            transition = apply(
+                stored, self._unsaved, self.settings, last_call_expired=last_call_expired
+            )
+            self._state = transition.state
+        raise LeaseLost
+
     def _announce(self, transition: Transition) -> None:
+        """Publish the outcomes of the rounds that completed, then the counters."""
         for round_, outcome in transition.outcomes:
             self.board.publish(round_, outcome)
             log.info("rendezvous %r: round %d complete", self.board.run_id, round_)
