@@ -323,7 +323,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def _stop_steward(self) -> None:
         if self._steward is not None:
-            self._steward.stop()
+            self._steward.stop(waker=self._board)
             self._steward = None
 
     def _board_error(self, what: str, exc: BaseException) -> RendezvousError:

@@ -82,12 +82,16 @@ class Steward:
         """Whether the steward still decides (it stops when it loses the lease)."""
         return self._thread.is_alive()
 
-    def stop(self) -> None:
-        """Stop deciding and hand the lease back; returns once the thread ended."""
+    def stop(self, waker: RendezvousBoard) -> None:
+        """Stop deciding and hand the lease back; returns once the thread ended.
+
+        ``waker`` is a board on another connection than the steward's (which
+        its own blocked wait holds): the wake-up message goes through it.
+        """
         self._stop.set()
         # If the store is gone, the thread ends at its next timeout instead.
         with contextlib.suppress(RendezvousError):
-            self.board.wake()
+            waker.wake()
         self._thread.join(timeout=self._tick + 5)
 
     def _run(self) -> None:
