@@ -113,16 +113,25 @@ CASES = [
         1,
         3,
         complete_round(A, B),
-        [Join(A)],
+        [Join(A, round=1)],
         False,
         (0, True, [B], [A], []),
+    ),
+    (
+        "a repeated join for the round it completed is no re-join",
+        1,
+        3,
+        complete_round(A, B),
+        [Join(A, round=0), Join(B, round=0)],
+        False,
+        (0, True, [A, B], [], []),
     ),
     (
         "the last participant re-joining opens the next round",
         1,
         3,
         complete_round(A, B),
-        [Join(A), Join(B)],
+        [Join(A, round=1), Join(B, round=1)],
         False,
         (1, False, [A, B], [], []),
     ),
@@ -131,7 +140,7 @@ CASES = [
         1,
         2,
         complete_round(A, B),
-        [Join(B), Join(A)],
+        [Join(B, round=1), Join(A, round=1)],
         False,
         (1, True, [A, B], [], []),
     ),
@@ -300,9 +309,11 @@ def test_ranks_recorded_when_the_round_completes():
 
 
 def test_join_records_and_clears_the_hint():
-    state = apply(RendezvousState(), [Join(A, 3)], settings(1, 5)).state
+    state = apply(RendezvousState(), [Join(A, 3)], settings(1, 1)).state
+    assert state.complete
     assert state.hints == {A: 3}
-    state = apply(state, [Join(A, None)], settings(1, 5)).state
+    state = apply(state, [Join(A, None, round=1)], settings(1, 1)).state
+    assert state.round == 1
     assert state.hints == {}
 
 

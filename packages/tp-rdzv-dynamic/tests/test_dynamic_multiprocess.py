@@ -453,9 +453,8 @@ def test_store_host_death_is_a_connection_error(spawn_node: Spawn, free_port: in
         took = answer["_arrived"] - killed
         assert took <= budget, f"{name} took {took:.1f} s"
     # Nothing hangs afterwards either.
-    for node in others:
-        after = node.request("waiting", budget)
-        assert after.get("error") == "RendezvousConnectionError", f"{node.name}: {after}"
+    for name, after in ask_all(others, "waiting", budget).items():
+        assert after.get("error") == "RendezvousConnectionError", f"{name}: {after}"
     for node in others:
         assert node.request("exit", 5)["cmd"] == "exit"
         node.proc.wait(timeout=10)
@@ -560,3 +559,6 @@ def test_other_backends_round(spawn_node: Spawn, free_port: int, backend: str) -
     ordered = check_round(nodes, answers)
     check_exchange(ordered, answers)
     assert set(values(nodes, "waiting").values()) == {0}
+    # shutdown() closes the rendezvous, as PyTorch's does, for everyone.
+    assert ordered[-1].request("shutdown")["value"] is True
+    assert set(values(nodes, "closed?").values()) == {True}

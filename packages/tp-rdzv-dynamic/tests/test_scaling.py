@@ -109,8 +109,9 @@ def test_node_operations_do_not_grow_with_the_node_count(size):
     node_calls, _, _, _ = run_round(size)
     per_node = [sum(calls.values()) for calls in node_calls]
     # Heartbeat, lease read, mailbox post, round counter, wait for the outcome;
-    # and one try at the lease for the nodes that first found it vacant.
-    assert max(per_node) <= 6, node_calls
+    # and for the nodes that first found the lease vacant, one try at it and,
+    # when another node won, one more read.
+    assert max(per_node) <= 7, node_calls
 
 
 @pytest.mark.parametrize("size", [8, 64])

@@ -61,8 +61,10 @@ def encode_message(event: Event, receipt: str | None = None) -> bytes:
         "op": "join" if isinstance(event, Join) else "leave",
         "node": [node.addr, node.pid, node.local_id],
     }
-    if isinstance(event, Join) and event.hint is not None:
-        document["hint"] = event.hint
+    if isinstance(event, Join):
+        document["round"] = event.round
+        if event.hint is not None:
+            document["hint"] = event.hint
     if receipt is not None:
         document["receipt"] = receipt
     return json.dumps(document, separators=(",", ":")).encode()
@@ -99,7 +101,10 @@ def decode_message(raw: bytes) -> tuple[Event | None, str | None]:
     hint = document.get("hint")
     if hint is not None and (type(hint) is not int or hint < 0):
         raise ValueError(f"bad hint {hint!r}")
-    return Join(node, hint), receipt
+    round_ = document.get("round")
+    if type(round_) is not int or round_ < 0:
+        raise ValueError(f"bad round {round_!r}")
+    return Join(node, hint, round_), receipt
 
 
 class RendezvousBoard:

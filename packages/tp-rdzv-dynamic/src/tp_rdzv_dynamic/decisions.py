@@ -19,10 +19,17 @@ from .state import RendezvousState, encode_outcome
 
 @dataclass(frozen=True)
 class Join:
-    """``node`` wants a seat in a round; ``hint`` is the ``node_rank`` it asks for."""
+    """``node`` wants a seat in round ``round`` or a later one.
+
+    ``hint`` is the ``node_rank`` it asks for. A join for a round that has
+    already completed with ``node`` in it is a repeat of a join the steward
+    already granted (nodes re-post to every new steward), not a request for
+    the next round.
+    """
 
     node: _NodeDesc
     hint: int | None = None
+    round: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ def apply(
     batch = _Batch(state.copy(), settings)
     for event in events:
         if isinstance(event, Join):
-            batch.join(event.node, event.hint)
+            batch.join(event.node, event.hint, event.round)
         else:
             batch.leave(event.node)
     if last_call_expired and needs_last_call(batch.state, settings):
@@ -94,20 +101,20 @@ class _Batch:
         self.outcomes: list[tuple[int, bytes]] = []
         self.opened: list[int] = []
 
-    def join(self, node: _NodeDesc, hint: int | None) -> None:
+    def join(self, node: _NodeDesc, hint: int | None, round_: int) -> None:
         state = self.state
+        if state.closed:
+            return
+        if node in state.participants:
+            if not state.complete or round_ <= state.round:
+                return  # already gathered for the open round, or seated in this one
+            # A participant of the completed round asks for the next one: it
+            # leaves this round first (PyTorch's exit-then-join).
+            self._remove_participant(node)
         if hint is None:
             state.hints.pop(node, None)
         else:
             state.hints[node] = hint
-        if state.closed:
-            return
-        if node in state.participants:
-            if not state.complete:
-                return  # already gathered for the open round
-            # A participant of the completed round asks for the next one: it
-            # leaves this round first (PyTorch's exit-then-join).
-            self._remove_participant(node)
         if node in state.wait_list or node in state.redundancy_list:
             return
         if not state.complete:

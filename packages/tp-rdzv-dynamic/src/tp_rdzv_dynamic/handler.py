@@ -215,8 +215,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
         self._watch_lease(now)
-        self._post_join()
+        # The round first: read after posting, it could already be past the
+        # round this join completes.
         round_ = board.round_hint()
+        self._post_join(round_)
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -225,7 +227,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 board.beat(node)
                 self._watch_lease(now)
                 if self._posted_epoch != self._lease_epoch:
-                    self._post_join()  # a new steward: what the old one took may be lost
+                    self._post_join(round_)  # a new steward: what the old one took may be lost
                 next_beat = now + self._tick
             outcome = board.await_outcome(round_, min(next_beat, deadline) - now)
             if outcome is None:
@@ -300,7 +302,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _take_lease(self, lease: Lease, now: float) -> None:
         desired = Lease.encode(lease.epoch + 1, self._node.key, 0)
         if not self._board.swap_lease(lease.raw, desired):
-            return  # another node was faster; it is the steward now
+            # Another node was faster: it is the steward now.
+            winner = self._board.read_lease()
+            self._lease_epoch = winner.epoch
+            self._lease_seen, self._lease_since = winner.raw, now
+            return
         self._stop_steward()
         try:
             store = self._store.clone()
@@ -330,8 +336,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return RendezvousConnectionError(f"rendezvous {self.get_run_id()!r}: {what}: {exc}")
 
     # -- joining and giving up --------------------------------------------------------
-    def _post_join(self) -> None:
-        self._board.post(Join(self._node, self._hint))
+    def _post_join(self, round_: int) -> None:
+        self._board.post(Join(self._node, self._hint, round_))
         self._posted_epoch = self._lease_epoch
 
     def _closed_error(self) -> RendezvousError:
