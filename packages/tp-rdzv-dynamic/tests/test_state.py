@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zlib
 
 import pytest
 
@@ -137,3 +138,25 @@ def test_corrupt_outcome_names_the_key(document, complaint):
 def test_node_text_is_the_same_everywhere():
     assert str(A) == repr(A) == "node-a_10_0"
     assert A.key == "node-a_10_0"
+
+
+def test_large_outcomes_travel_compressed():
+    nodes = [_NodeDesc(f"worker-{i:04d}.cluster.example.com", 4242, 0) for i in range(2000)]
+    state = RendezvousState(
+        complete=True, participants={n: rank for rank, n in enumerate(nodes)}, last_order=nodes
+    )
+    raw = encode_outcome(state)
+    plain = json.dumps(json.loads(zlib.decompress(raw))).encode()
+    assert len(raw) < len(plain) / 5
+    assert decode_outcome(raw, "key 'result/0'").participants == tuple(nodes)
+
+
+def test_a_compression_bomb_is_refused():
+    bomb = zlib.compress(b"{" + b" " * (300 << 20))
+    with pytest.raises(RendezvousStateError, match="inflates to more than"):
+        decode_outcome(bomb, "key 'result/9'")
+
+
+def test_corrupt_compressed_outcome():
+    with pytest.raises(RendezvousStateError, match="not valid zlib"):
+        decode_outcome(b"x\x9c garbage", "key 'result/9'")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 from datetime import timedelta
@@ -211,7 +212,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         now = time.monotonic()
         deadline = now + self._settings.timeout.join.total_seconds()
         board.beat(node)
-        next_beat = now + self._tick
+        # Nodes started together would all tick together (time out, heartbeat,
+        # read the lease): a random phase spreads them out.
+        next_beat = now + self._tick * random.uniform(0.5, 1.0)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
         self._watch_lease(now)

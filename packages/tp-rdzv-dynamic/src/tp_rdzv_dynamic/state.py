@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,10 @@ from tp_rdzv_api import RendezvousStateError
 from .node import _NodeDesc
 
 STATE_FORMAT = "tp-rdzv-state"
+_COMPRESS_ABOVE = 4096
+_ZLIB_HEADER = b"x"  # 0x78, the first byte of every zlib stream; JSON starts with "{"
+#: No document may inflate beyond this (a store writer must not exhaust memory).
+_MAX_DOCUMENT = 256 << 20
 OUTCOME_FORMAT = "tp-rdzv-round"
 SCHEMA = 1
 
@@ -121,7 +126,11 @@ def encode_state(state: RendezvousState) -> bytes:
 
 
 def encode_outcome(state: RendezvousState) -> bytes:
-    """The outcome of the state's completed round, as published to the nodes."""
+    """The outcome of the state's completed round, as published to the nodes.
+
+    Every node reads it, so a large one is zlib-compressed JSON (node names
+    repeat a lot): a few KiB per node instead of ~30 bytes per participant.
+    """
     document = {
         "format": OUTCOME_FORMAT,
         "schema": SCHEMA,
@@ -131,7 +140,8 @@ def encode_outcome(state: RendezvousState) -> bytes:
         "wait_list": [_node_fields(n) for n in state.wait_list],
         "redundancy_list": [_node_fields(n) for n in state.redundancy_list],
     }
-    return json.dumps(document, separators=(",", ":")).encode()
+    raw = json.dumps(document, separators=(",", ":")).encode()
+    return zlib.compress(raw) if len(raw) > _COMPRESS_ABOVE else raw
 
 
 def encode_closed_outcome(round_: int) -> bytes:
@@ -157,6 +167,8 @@ class _Reader:
 
     def __init__(self, raw: bytes, expected_format: str, where: str) -> None:
         self.where = where
+        if raw[:1] == _ZLIB_HEADER:
+            raw = self._inflate(raw)
         try:
             document = json.loads(raw)
         except (UnicodeDecodeError, ValueError) as exc:
@@ -170,6 +182,16 @@ class _Reader:
             raise self.error(
                 f"has schema version {document.get('schema')!r}; this version reads {SCHEMA}"
             )
+
+    def _inflate(self, raw: bytes) -> bytes:
+        inflater = zlib.decompressobj()
+        try:
+            text = inflater.decompress(raw, _MAX_DOCUMENT)
+        except zlib.error as exc:
+            raise self.error(f"is not valid zlib data ({exc})") from exc
+        if inflater.unconsumed_tail:
+            raise self.error(f"inflates to more than {_MAX_DOCUMENT} bytes")
+        return text
 
     def error(self, problem: str) -> RendezvousStateError:
         return RendezvousStateError(f"the rendezvous document at {self.where} {problem}")

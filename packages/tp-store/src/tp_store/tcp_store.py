@@ -370,20 +370,25 @@ class TCPStore(Store):
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a wait") from exc
             try:
-                self._cancel_wait(sock)
+                answered = self._cancel_wait(sock)
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "cancelling a wait") from exc
+            if answered is not None:
+                return answered  # the wait was satisfied as it timed out
         raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
 
-    def _cancel_wait(self, sock: socket.socket) -> None:
+    def _cancel_wait(self, sock: socket.socket) -> Reply | None:
+        """Cancel the pending wait; its reply if it was satisfied meanwhile, else None."""
         # The wait's own reply may be under way when CANCEL_WAIT arrives; then
         # both replies come, the wait's first. The parser still expects it.
         self._socket(self.timeout.total_seconds())
         sock.sendall(CancelWait().encode())
         first = self._read_reply()
         status = first[0] if isinstance(first, tuple) else first
-        if status == WaitReply.STOP_WAITING:
-            self._receive(ReplyKind.U8)
+        if status != WaitReply.STOP_WAITING:
+            return None
+        self._receive(ReplyKind.U8)
+        return first
 
     # -- the Store interface ------------------------------------------------------
     def set(self, key: Data, value: Data) -> None:
