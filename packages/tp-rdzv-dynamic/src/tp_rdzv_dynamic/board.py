@@ -31,27 +31,35 @@ MAX_BATCH = 4096
 
 @dataclass(frozen=True)
 class Lease:
-    """The steward lease as read from the store: who holds it and its heartbeat."""
+    """The steward lease as read from the store.
+
+    Who holds it, at which epoch, its heartbeat, and the round a joining node
+    should wait for: one read tells a joiner both whom to trust and where to
+    wait.
+    """
 
     raw: bytes
     epoch: int
     holder: str  # a node key, or "" when vacant
+    round: int = 0
 
     @classmethod
     def parse(cls, raw: bytes) -> Lease:
-        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0."""
+        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0, round 0."""
         parts = raw.split(b" ")
+        if len(parts) != 4:
+            return cls(raw, 0, "")
         try:
-            epoch = int(parts[0]) if len(parts) == 3 else 0
-            holder = parts[1].decode() if len(parts) == 3 and parts[1] != b"-" else ""
+            epoch, round_ = int(parts[0]), int(parts[3])
+            holder = "" if parts[1] == b"-" else parts[1].decode()
         except (ValueError, UnicodeDecodeError):
             return cls(raw, 0, "")
-        return cls(raw, epoch, holder)
+        return cls(raw, max(epoch, 0), holder, max(round_, 0))
 
     @staticmethod
-    def encode(epoch: int, holder: str, beat: int) -> bytes:
-        """The lease value held by ``holder`` (``""`` for vacant) at heartbeat ``beat``."""
-        return f"{epoch} {holder or '-'} {beat}".encode()
+    def encode(epoch: int, holder: str, beat: int, round_: int) -> bytes:
+        """The lease of ``holder`` (``""``: vacant) at heartbeat ``beat``, hinting ``round_``."""
+        return f"{epoch} {holder or '-'} {beat} {round_}".encode()
 
 
 def encode_message(event: Event, receipt: str | None = None) -> bytes:
@@ -117,7 +125,6 @@ class RendezvousBoard:
         self._mailbox = self._key("mailbox")
         self._lease = self._key("steward")
         self._closed = self._key("closed")
-        self._round = self._key("round")
         self._waiting = self._key("waiting")
         self._pending = self._key("pending")
 
@@ -158,10 +165,6 @@ class RendezvousBoard:
     def is_closed(self) -> bool:
         """Whether the rendezvous has been closed."""
         return self._call("checking for closure", lambda: self.store.check([self._closed]))
-
-    def round_hint(self) -> int:
-        """The round a joining node should wait for first."""
-        return self._call("reading the round", lambda: self.store.add(self._round, 0))
 
     def waiting(self) -> int:
         """The number of nodes in the wait list."""
@@ -248,10 +251,10 @@ class RendezvousBoard:
         keys = [self.heartbeat_key(node) for node in nodes]
         return self._call("reading heartbeats", lambda: self.store.multi_get(keys) if keys else [])
 
-    def publish_counters(self, round_hint: int, waiting: int, pending: int) -> None:
+    def publish_counters(self, waiting: int, pending: int) -> None:
         """Publish the counters nodes read with ``add(key, 0)``."""
-        keys = [self._round, self._waiting, self._pending]
-        values = [str(round_hint), str(waiting), str(pending)]
+        keys = [self._waiting, self._pending]
+        values = [str(waiting), str(pending)]
         self._call("publishing counters", lambda: self.store.multi_set(keys, values))
 
     def wake(self) -> None:

@@ -217,10 +217,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         next_beat = now + self._tick * random.uniform(0.5, 1.0)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
-        self._watch_lease(now)
-        # The round first: read after posting, it could already be past the
-        # round this join completes.
-        round_ = board.round_hint()
+        # The round comes with the lease, read before posting: read after, it
+        # could already be past the round this join completes.
+        round_ = self._watch_lease(now).round
         self._post_join(round_)
         while True:
             now = time.monotonic()
@@ -282,8 +281,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return True
 
     # -- the steward lease ------------------------------------------------------
-    def _watch_lease(self, now: float) -> None:
-        """Read the lease; take it when vacant, ours without a thread, or frozen too long."""
+    def _watch_lease(self, now: float) -> Lease:
+        """Read the lease; take it when vacant, ours without a thread, or frozen too long.
+
+        Returns the lease as it stands afterwards.
+        """
         lease = self._board.read_lease()
         self._lease_epoch = lease.epoch
         mine = lease.holder == self._node.key
@@ -291,8 +293,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._lease_seen, self._lease_since = lease.raw, now
         bound = self._settings.liveness_bound.total_seconds()
         if not lease.holder or (mine and not self._steward_running()):
-            self._take_lease(lease, now)
-        elif not mine and now - self._lease_since >= bound:
+            return self._take_lease(lease, now)
+        if not mine and now - self._lease_since >= bound:
             log.warning(
                 "rendezvous %r: steward %s silent for %s; %s takes over",
                 self.get_run_id(),
@@ -300,16 +302,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._settings.liveness_bound,
                 self._node,
             )
-            self._take_lease(lease, now)
+            return self._take_lease(lease, now)
+        return lease
 
-    def _take_lease(self, lease: Lease, now: float) -> None:
-        desired = Lease.encode(lease.epoch + 1, self._node.key, 0)
+    def _take_lease(self, lease: Lease, now: float) -> Lease:
+        desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
         if not self._board.swap_lease(lease.raw, desired):
             # Another node was faster: it is the steward now.
             winner = self._board.read_lease()
             self._lease_epoch = winner.epoch
             self._lease_seen, self._lease_since = winner.raw, now
-            return
+            return winner
         self._stop_steward()
         try:
             store = self._store.clone()
@@ -326,6 +329,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._steward = steward
         self._lease_epoch = lease.epoch + 1
         self._lease_seen, self._lease_since = desired, now
+        return Lease.parse(desired)
 
     def _steward_running(self) -> bool:
         return self._steward is not None and self._steward.running

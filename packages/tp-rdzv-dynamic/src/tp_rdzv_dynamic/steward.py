@@ -116,6 +116,7 @@ class Steward:
         """Load the state and stamp it with this epoch, which fences older stewards out."""
         state, token = self.holder.load()
         for _ in range(_MAX_RETRIES):
+            self._state = state  # for the round hint the lease carries
             if state.epoch >= self.epoch:
                 # The lease was reset or damaged: move it past the state's epoch.
                 self._swap_lease(state.epoch + 1, self._beat)
@@ -234,10 +235,16 @@ class Steward:
     def _publish_counters(self) -> None:
         state = self._state
         self.board.publish_counters(
-            round_hint=state.round + 1 if state.complete else state.round,
             waiting=len(state.wait_list),
             pending=0 if state.complete else len(state.participants),
         )
+        if self._round_hint() != Lease.parse(self._lease).round:
+            self._swap_lease(self.epoch, self._beat + 1)
+
+    def _round_hint(self) -> int:
+        """The round a node joining now should wait for (published in the lease)."""
+        state = self._state
+        return state.round + 1 if state.complete else state.round
 
     def _update_last_call(self, now: float) -> None:
         if not needs_last_call(self._state, self.settings):
@@ -249,7 +256,7 @@ class Steward:
         self._swap_lease(self.epoch, self._beat + 1)
 
     def _swap_lease(self, epoch: int, beat: int) -> None:
-        desired = Lease.encode(epoch, self.node.key, beat)
+        desired = Lease.encode(epoch, self.node.key, beat, self._round_hint())
         if not self.board.swap_lease(self._lease, desired):
             raise LeaseLost
         self._lease, self.epoch, self._beat = desired, epoch, beat
@@ -257,11 +264,11 @@ class Steward:
     def _report(self, exc: RendezvousStateError) -> None:
         """Tell the nodes waiting for the next rounds that nobody can decide them."""
         with contextlib.suppress(RendezvousError):
-            first = self.board.round_hint()
+            first = self.board.read_lease().round
             for round_ in (first, first + 1):
                 self.board.publish(round_, encode_failed_outcome(round_, str(exc)))
 
     def _resign(self) -> None:
-        vacant = Lease.encode(self.epoch, "", self._beat + 1)
+        vacant = Lease.encode(self.epoch, "", self._beat + 1, self._round_hint())
         if self.board.swap_lease(self._lease, vacant):
             self._lease = vacant
