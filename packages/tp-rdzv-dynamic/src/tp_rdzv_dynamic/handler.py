@@ -246,8 +246,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._info(outcome, rank)
 
     def set_closed(self) -> None:
-        """Mark the rendezvous closed; new joiners are rejected."""
-        self._board.close()
+        """Mark the rendezvous closed; new joiners are rejected.
+
+        The state is closed first and the ``closed`` key set last, so a node
+        that finds the key knows the state is closed and has nothing to do:
+        every node of a job may shut down without rewriting the state.
+        """
+        if self._board.is_closed():
+            return
         state, token = self._holder.load()
         deadline = time.monotonic() + self._settings.timeout.close.total_seconds()
         while not state.closed:
@@ -263,6 +269,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         first = state.round + 1 if state.complete else state.round
         for round_ in (first, first + 1):
             self._board.publish(round_, encode_closed_outcome(round_))
+        self._board.close()
 
     def shutdown(self) -> bool:
         """Release rendezvous resources; returns True when the backend shut down.
