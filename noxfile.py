@@ -89,3 +89,4 @@ def bench(session: nox.Session) -> None:
     """Benchmarks against PyTorch 2.13, written to benchmarks/results/."""
     session.install(TORCH, "psutil", *_local(*PACKAGES, extras="[fast]"))
     session.run("python", "benchmarks/store_bench.py", *session.posargs)
+    session.run("python", "benchmarks/rdzv_bench.py", *session.posargs)

@@ -1,0 +1,790 @@
+#!/usr/bin/env python3
+"""Benchmark tp-rdzv-dynamic's dynamic rendezvous against PyTorch's, in one run.
+
+"ours" is ``tp_rdzv_dynamic.DynamicRendezvousHandler`` over
+``TpRendezvousBackend`` and tp_store's ``TCPStore``; "torch" is
+``torch.distributed.elastic.rendezvous.dynamic_rendezvous.DynamicRendezvousHandler``
+over ``C10dRendezvousBackend`` and ``torch.distributed.TCPStore``. Both are
+driven by the same harness code; only the classes differ.
+
+Scenarios:
+1. a first round of N nodes (min_nodes = max_nodes = N): N threads of this
+   process, each with its own handler and its own store client connection to
+   one store server hosted by the harness. All threads are released at once;
+   the time is from the release until the last ``next_rendezvous()`` returns.
+   Every round is checked: ranks 0..N-1 once each, world size N everywhere,
+   and (ours) the same participant list everywhere.
+2. re-rendezvous after kill -9: 8 node processes made by the backend registry
+   (one of them hosts the store), min 6, max 8. After the first round, two
+   nodes that do not host the store are killed with SIGKILL and the six
+   survivors call ``next_rendezvous()`` again; the time is from the kill until
+   the last survivor returns, and the new ranks must be 0..5.
+
+Results are printed as a table (with ours/torch ratios) and written as JSON.
+Run ``python benchmarks/rdzv_bench.py --help`` for the knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import queue
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+IMPLS = ("ours", "torch")
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "rdzv_bench.json"
+DEFAULT_SIZES = (8, 32, 96, 1000, 4000)
+QUICK_SIZES = (8, 32)
+# torch's round takes about a minute at 96 nodes on a small host and grows
+# faster than linearly, so the larger sizes are measured for ours only.
+TORCH_MAX_NODES = 96
+# Thousands of node threads: a small stack each keeps the address space sane.
+THREAD_STACK_BYTES = 256 * 1024
+
+# The kill scenario: 8 nodes, two of them killed, 6 survivors re-rendezvous.
+KILL_NODES = 8
+KILL_VICTIMS = 2
+KILL_MIN_NODES = KILL_NODES - KILL_VICTIMS
+KILL_CONFIG = {
+    "keep_alive_interval": 1,
+    "keep_alive_max_attempt": 2,
+    "last_call_timeout": 0.5,
+    "join_timeout": 60,
+}
+# Node processes talk to the bench over stdout lines carrying this prefix;
+# anything else a node prints (torch's logging, say) is passed through.
+MESSAGE_PREFIX = "RDZV-BENCH "
+
+
+@dataclass
+class Metric:
+    """One row of the result table."""
+
+    name: str
+    unit: str
+    better: str  # "higher" or "lower"
+    ours: float | None = None
+    torch: float | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ours is None or self.torch is None or self.torch == 0:
+            return None
+        return self.ours / self.torch
+
+
+class VerificationError(RuntimeError):
+    """A round completed but its outcome is wrong."""
+
+
+# -- the two implementations ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Impl:
+    """The classes of one implementation. Ours mirrors torch's signatures, so
+    the harness builds either side with the same calls."""
+
+    name: str
+    store: Any  # TCPStore(host, port, is_master=..., wait_for_workers=..., timeout=...)
+    handler: Any  # DynamicRendezvousHandler with from_backend(...)
+    backend: Any  # the rendezvous backend class: backend(store, run_id)
+    timeout: Any  # RendezvousTimeout(join=..., last_call=...)
+    # torch's RendezvousInfo carries no participant list; ours does.
+    has_participants: bool
+
+
+def load_impl(name: str) -> Impl:
+    if name == "ours":
+        import tp_rdzv_api
+        import tp_rdzv_dynamic
+        import tp_store
+
+        return Impl(
+            name,
+            store=tp_store.TCPStore,
+            handler=tp_rdzv_dynamic.DynamicRendezvousHandler,
+            backend=tp_rdzv_dynamic.TpRendezvousBackend,
+            timeout=tp_rdzv_api.RendezvousTimeout,
+            has_participants=True,
+        )
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+
+    return Impl(
+        name,
+        store=dist.TCPStore,
+        handler=dynamic_rendezvous.DynamicRendezvousHandler,
+        backend=C10dRendezvousBackend,
+        timeout=dynamic_rendezvous.RendezvousTimeout,
+        has_participants=False,
+    )
+
+
+def close_store(store: Any) -> None:
+    """Close ``store`` if it can be (ours can; torch's closes when collected)."""
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()
+
+
+# -- 1. the first round of N nodes, as threads ------------------------------------------
+
+#: node index -> a handler, ready for its first next_rendezvous()
+MakeNode = Callable[[int], Any]
+
+
+@dataclass
+class NodeOutcome:
+    """What one node thread saw."""
+
+    info: Any = None
+    returned_at: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class RoundTiming:
+    """Seconds from the release of all nodes until the first and the last returned."""
+
+    first: float
+    last: float
+    setup: float  # creating the handlers and their connections (before the release)
+    shutdown: float = 0.0  # every node's shutdown() after the round (after the measurement)
+
+
+def time_first_round(size: int, make_node: MakeNode, timeout: float, impl: Impl) -> RoundTiming:
+    """Run one round of ``size`` nodes made by ``make_node``; time and verify it.
+
+    Each node gets a thread that waits for a common start signal, calls
+    ``next_rendezvous()`` once, notes when it returned, and later shuts its
+    handler down. Raises ``TimeoutError`` when some node has not returned
+    within ``timeout`` seconds, ``RuntimeError`` when a node raised and
+    ``VerificationError`` when the outcome is wrong.
+    """
+    setup_started = time.perf_counter()
+    handlers = [make_node(index) for index in range(size)]
+    setup = time.perf_counter() - setup_started
+    outcomes = [NodeOutcome() for _ in handlers]
+    all_waiting = threading.Barrier(size + 1)
+    start = threading.Event()
+    finished = threading.Semaphore(0)  # released once per node that returned or raised
+    teardown = threading.Event()
+
+    def node(index: int) -> None:
+        outcome = outcomes[index]
+        all_waiting.wait()
+        start.wait()
+        try:
+            outcome.info = handlers[index].next_rendezvous()
+            outcome.returned_at = time.perf_counter()
+        except BaseException:
+            outcome.error = traceback.format_exc()
+        finished.release()
+        teardown.wait()
+        if outcome.error is None:
+            shutdown_quietly(handlers[index])
+
+    threads = [
+        threading.Thread(target=node, args=(index,), name=f"node-{index}", daemon=True)
+        for index in range(size)
+    ]
+    for thread in threads:
+        thread.start()
+    all_waiting.wait()
+    # Stamp before the release: the measured time includes waking the nodes.
+    started = time.perf_counter()
+    start.set()
+    try:
+        wait_for_nodes(finished, outcomes, started + timeout)
+        raise_node_errors(outcomes)
+        ends = [outcome.returned_at for outcome in outcomes if outcome.returned_at is not None]
+        timing = RoundTiming(first=min(ends) - started, last=max(ends) - started, setup=setup)
+        # Said before the checks and the shutdown, which may take long at large sizes.
+        print(f"    all {size} returned after {timing.last:.2f} s; checking", flush=True)
+        verify_round([outcome.info for outcome in outcomes], size, impl.has_participants)
+    finally:
+        teardown.set()
+        shutdown_started = time.perf_counter()
+        join_threads(threads, deadline=time.monotonic() + min(timeout, 120))
+    timing.shutdown = time.perf_counter() - shutdown_started
+    return timing
+
+
+def wait_for_nodes(
+    finished: threading.Semaphore, outcomes: Sequence[NodeOutcome], deadline: float
+) -> None:
+    """Wait until every node returned or raised; ``TimeoutError`` at ``deadline``."""
+    for _ in outcomes:
+        if not finished.acquire(timeout=max(deadline - time.perf_counter(), 0)):
+            pending = [
+                i for i, o in enumerate(outcomes) if o.returned_at is None and o.error is None
+            ]
+            shown = ", ".join(map(str, pending[:10])) + (" ..." if len(pending) > 10 else "")
+            raise TimeoutError(
+                f"{len(pending)}/{len(outcomes)} nodes had not returned (nodes {shown}; "
+                f"this process is pid {os.getpid()})"
+            )
+
+
+def join_threads(threads: Sequence[threading.Thread], deadline: float) -> None:
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0))
+
+
+def shutdown_quietly(handler: Any) -> None:
+    """Shut a handler down after the measurement; failures there are not the benchmark's."""
+    try:
+        handler.shutdown()
+    except Exception as exc:
+        print(f"    (shutdown failed: {type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def raise_node_errors(outcomes: Sequence[NodeOutcome]) -> None:
+    failed = [(index, o.error) for index, o in enumerate(outcomes) if o.error is not None]
+    if failed:
+        index, error = failed[0]
+        raise RuntimeError(f"{len(failed)} node(s) raised; node {index}:\n{error}")
+
+
+def verify_round(infos: Sequence[Any], size: int, check_participants: bool) -> None:
+    """Ranks 0..size-1 once each, world size ``size``, one participant list."""
+    ranks = sorted(info.rank for info in infos)
+    if ranks != list(range(size)):
+        raise VerificationError(f"ranks are not 0..{size - 1} once each: {ranks[:20]}")
+    world_sizes = {info.world_size for info in infos}
+    if world_sizes != {size}:
+        raise VerificationError(f"world sizes {sorted(world_sizes)}, expected {size}")
+    if not check_participants:
+        return
+    first = list(infos[0].participants)
+    if len(first) != size or len(set(first)) != size:
+        raise VerificationError(f"{len(first)} participants ({len(set(first))} distinct)")
+    for info in infos[1:]:
+        if info.participants != first:
+            raise VerificationError(f"rank {info.rank} sees other participants than rank 0")
+
+
+def bench_first_round(impl: Impl, size: int, timeout: float) -> RoundTiming:
+    """A first round of ``size`` threaded nodes of ``impl`` on a fresh store server."""
+    run_id = f"bench-{impl.name}-{size}-{uuid.uuid4().hex[:8]}"
+    store_timeout = timedelta(seconds=timeout)
+    server = impl.store(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        use_libuv=True,
+        timeout=store_timeout,
+    )
+    clients: list[Any] = []
+
+    def make_node(index: int) -> Any:
+        client = impl.store(
+            "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=store_timeout
+        )
+        clients.append(client)
+        return impl.handler.from_backend(
+            run_id,
+            client,
+            impl.backend(client, run_id),
+            size,
+            size,
+            local_addr="127.0.0.1",
+            # min == max: the round completes when the last node joins, the
+            # last-call window never opens.
+            timeout=impl.timeout(join=store_timeout, last_call=timedelta(seconds=1)),
+            keep_alive_interval=5,
+            keep_alive_max_attempt=3,
+        )
+
+    try:
+        return time_first_round(size, make_node, timeout, impl)
+    finally:
+        for client in clients:
+            close_store(client)
+        close_store(server)
+
+
+# -- 2. re-rendezvous after kill -9, as processes -------------------------------------
+
+
+def node_main(args: argparse.Namespace) -> int:
+    """A node process: make a handler through the registry, then obey stdin.
+
+    Commands, one a line: ``next`` (call next_rendezvous, report the outcome
+    and when it returned on the system-wide monotonic clock) and ``exit``.
+    """
+    handler = create_registry_handler(args.impl, args.endpoint, args.run_id, args.is_host == "true")
+    send_message("ready", pid=os.getpid())
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "next":
+            try:
+                info = handler.next_rendezvous()
+            except Exception:
+                send_message("error", error=traceback.format_exc())
+                continue
+            returned_at = time.monotonic()
+            participants = getattr(info, "participants", None)
+            send_message(
+                "joined",
+                rank=info.rank,
+                world_size=info.world_size,
+                participants=None if participants is None else [str(p) for p in participants],
+                at=returned_at,
+            )
+        elif command == "exit":
+            shutdown_quietly(handler)
+            send_message("bye")
+            break
+    sys.stdout.flush()
+    # Leftover non-daemon threads of a handler must not keep the process alive.
+    os._exit(0)
+
+
+def send_message(event: str, **fields: Any) -> None:
+    print(MESSAGE_PREFIX + json.dumps({"event": event, **fields}), flush=True)
+
+
+def create_registry_handler(impl: str, endpoint: str, run_id: str, is_host: bool) -> Any:
+    """A handler from ``impl``'s backend registry, configured as KILL_CONFIG says."""
+    if impl == "ours":
+        import tp_rdzv_api
+
+        params = tp_rdzv_api.RendezvousParameters(
+            "core",
+            endpoint,
+            run_id,
+            KILL_MIN_NODES,
+            KILL_NODES,
+            local_addr="127.0.0.1",
+            config={**KILL_CONFIG, "is_host": is_host},
+        )
+        return tp_rdzv_api.create_handler(params)
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousParameters,
+        rendezvous_handler_registry,
+    )
+
+    params = RendezvousParameters(
+        "c10d",
+        endpoint,
+        run_id,
+        KILL_MIN_NODES,
+        KILL_NODES,
+        local_addr="127.0.0.1",
+        **torch_kill_config(),
+        is_host=is_host,
+    )
+    return rendezvous_handler_registry.create_handler(params)
+
+
+def torch_kill_config() -> dict[str, int]:
+    """KILL_CONFIG for torch, whose timeouts are whole seconds (0.5 s reads as 0, invalid)."""
+    return {key: math.ceil(value) for key, value in KILL_CONFIG.items()}
+
+
+class NodeProcess:
+    """One node process: its stdin for commands, a thread forwarding its messages."""
+
+    def __init__(self, slot: int, command: list[str], inbox: queue.Queue[tuple[int, dict]]):
+        self.slot = slot
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        threading.Thread(target=self._forward, args=(inbox,), daemon=True).start()
+
+    def _forward(self, inbox: queue.Queue[tuple[int, dict]]) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        for line in stdout:
+            if line.startswith(MESSAGE_PREFIX):
+                inbox.put((self.slot, json.loads(line[len(MESSAGE_PREFIX) :])))
+            else:
+                sys.stderr.write(f"[node {self.slot}] {line}")
+        inbox.put((self.slot, {"event": "eof"}))
+
+    def tell(self, command: str) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        stdin.write(command + "\n")
+        stdin.flush()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class NodeGroup:
+    """The node processes of one kill scenario, and their messages."""
+
+    def __init__(self, impl: str, endpoint: str, run_id: str, timeout: float) -> None:
+        self.impl = impl
+        self.endpoint = endpoint
+        self.run_id = run_id
+        self.timeout = timeout
+        self.inbox: queue.Queue[tuple[int, dict]] = queue.Queue()
+        self.nodes: dict[int, NodeProcess] = {}
+
+    def start(self, slot: int, is_host: bool) -> None:
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--node",
+            "--impl",
+            self.impl,
+            "--endpoint",
+            self.endpoint,
+            "--run-id",
+            self.run_id,
+            "--is-host",
+            "true" if is_host else "false",
+        ]
+        self.nodes[slot] = NodeProcess(slot, command, self.inbox)
+
+    def collect(self, event: str, slots: Sequence[int]) -> dict[int, dict]:
+        """The next ``event`` message of each of ``slots``; raise on errors and timeouts.
+
+        Messages from other nodes are dropped: the only ones expected are the
+        end of output of the killed nodes.
+        """
+        deadline = time.monotonic() + self.timeout
+        found: dict[int, dict] = {}
+        while len(found) < len(slots):
+            try:
+                slot, message = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                missing = sorted(set(slots) - found.keys())
+                pids = [self.nodes[s].proc.pid for s in missing]
+                raise TimeoutError(f"no {event!r} from nodes {missing} (pids {pids})") from None
+            if slot not in slots:
+                continue
+            if message["event"] == event:
+                found[slot] = message
+            elif message["event"] in {"error", "eof"}:
+                detail = message.get("error", "the process exited")
+                raise RuntimeError(f"node {slot} failed waiting for {event!r}: {detail}")
+        return found
+
+    def close(self) -> None:
+        """Let the nodes shut down (the store host last), then kill what is left."""
+        host_last = sorted(self.nodes, key=lambda slot: slot == 0)
+        for slot in host_last:
+            node = self.nodes[slot]
+            if node.proc.poll() is None:
+                try:
+                    node.tell("exit")
+                    node.proc.wait(timeout=10)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            node.kill()
+
+
+@dataclass
+class KillResult:
+    seconds: float  # from the kill until the last survivor returned
+    ranks: dict[int, int]  # survivor slot -> its new rank
+
+
+def bench_kill_recovery(impl: str, timeout: float) -> KillResult:
+    """Round 1 of 8 node processes, kill -9 two, time the survivors' round 2."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    run_id = f"bench-kill-{impl}-{uuid.uuid4().hex[:8]}"
+    group = NodeGroup(impl, endpoint, run_id, timeout)
+    all_slots = list(range(KILL_NODES))
+    try:
+        # Slot 0 hosts the store; it is up before the others dial it.
+        group.start(0, is_host=True)
+        group.collect("ready", [0])
+        for slot in all_slots[1:]:
+            group.start(slot, is_host=False)
+        group.collect("ready", all_slots[1:])
+
+        for slot in all_slots:
+            group.nodes[slot].tell("next")
+        verify_messages(group.collect("joined", all_slots), KILL_NODES)
+
+        victims = all_slots[-KILL_VICTIMS:]  # never slot 0, the store host
+        survivors = [slot for slot in all_slots if slot not in victims]
+        killed_at = time.monotonic()
+        for slot in victims:
+            os.kill(group.nodes[slot].proc.pid, signal.SIGKILL)
+        for slot in survivors:
+            group.nodes[slot].tell("next")
+        joined = group.collect("joined", survivors)
+        verify_messages(joined, len(survivors))
+        # The nodes stamp their return on CLOCK_MONOTONIC, which is system-wide.
+        seconds = max(message["at"] for message in joined.values()) - killed_at
+        return KillResult(seconds, {slot: joined[slot]["rank"] for slot in survivors})
+    finally:
+        group.close()
+
+
+def verify_messages(joined: dict[int, dict], size: int) -> None:
+    """verify_round for the outcomes reported by node processes."""
+    infos = [argparse.Namespace(**message) for message in joined.values()]
+    has_participants = all(info.participants is not None for info in infos)
+    verify_round(infos, size, has_participants)
+
+
+def free_port() -> int:
+    """A port that was free a moment ago: the store host needs one before it starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- driver ---------------------------------------------------------------------------
+
+
+class Recorder:
+    """Fills the metrics and prints each result as it comes."""
+
+    def __init__(self, metrics: dict[str, Metric]) -> None:
+        self.metrics = metrics
+
+    def record(self, name: str, impl: str, value: float | None, note: str, took: float) -> None:
+        metric = self.metrics[name]
+        setattr(metric, impl, value)
+        if note:
+            metric.notes[impl] = note
+        shown = "-" if value is None else f"{value:,.2f}"
+        print(f"  {impl:5} {name}: {shown} {metric.unit} {note} [{took:.1f} s]", flush=True)
+
+    def measure(self, name: str, impl: str, run: Callable[[], tuple[float, str]]) -> None:
+        """Run one measurement; a failure is recorded as no value plus the reason."""
+        began = time.monotonic()
+        try:
+            value, note = run()
+        except (TimeoutError, RuntimeError) as exc:  # VerificationError included
+            kind = type(exc).__name__
+            print(f"  {impl:5} {name}: FAILED\n{exc}", file=sys.stderr, flush=True)
+            self.record(name, impl, None, f"{kind}: {str(exc).splitlines()[0]}", took_since(began))
+            return
+        self.record(name, impl, value, note, took_since(began))
+
+
+def took_since(began: float) -> float:
+    return time.monotonic() - began
+
+
+def round_metric_name(size: int) -> str:
+    return f"first round, {size} nodes"
+
+
+KILL_METRIC = f"kill -9 {KILL_VICTIMS} of {KILL_NODES}, re-rendezvous"
+
+
+def new_metrics(sizes: Sequence[int], with_kill: bool) -> dict[str, Metric]:
+    rows = [Metric(round_metric_name(size), "s", "lower") for size in sizes]
+    if with_kill:
+        rows.append(Metric(KILL_METRIC, "s", "lower"))
+    return {row.name: row for row in rows}
+
+
+def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) -> None:
+    impls = {name: load_impl(name) for name in args.impls}
+    # Sizes outer, implementations inner: both sides of a row are measured
+    # minutes apart at most, under the same background noise.
+    for size in sizes:
+        for impl in impls.values():
+            name = round_metric_name(size)
+            if impl.name == "torch" and size > args.torch_max_nodes:
+                recorder.record(name, impl.name, None, "skipped (ours only)", 0.0)
+                continue
+
+            def first_round(impl: Impl = impl, size: int = size) -> tuple[float, str]:
+                timing = bench_first_round(impl, size, args.timeout)
+                note = (
+                    f"(first return {timing.first:.2f} s, setup {timing.setup:.1f} s, "
+                    f"shutdown {timing.shutdown:.1f} s)"
+                )
+                return timing.last, note
+
+            recorder.measure(name, impl.name, first_round)
+    if args.no_kill:
+        return
+    for impl in impls:
+
+        def kill_recovery(impl: str = impl) -> tuple[float, str]:
+            result = bench_kill_recovery(impl, args.timeout)
+            ranks = ",".join(str(result.ranks[slot]) for slot in sorted(result.ranks))
+            note = f"(new ranks by slot {ranks})"
+            if impl == "torch":
+                note += f" (torch config {torch_kill_config()})"
+            return result.seconds, note
+
+        recorder.measure(KILL_METRIC, impl, kill_recovery)
+
+
+def format_table(metrics: Sequence[Metric]) -> str:
+    def cell(value: float | None) -> str:
+        if value is None:
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+
+    header = ("metric", "unit", "ours", "torch", "ours/torch", "better")
+    rows = [
+        (
+            m.name,
+            m.unit,
+            cell(m.ours),
+            cell(m.torch),
+            "-" if m.ratio is None else f"{m.ratio:.3g}x",
+            m.better,
+        )
+        for m in metrics
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for index, row in enumerate([header, *rows]):
+        lines.append(
+            "  ".join(
+                text.ljust(width) if col < 2 else text.rjust(width)
+                for col, (text, width) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def versions(impls: Sequence[str]) -> dict[str, str]:
+    import importlib.metadata
+
+    found = {"python": platform.python_version()}
+    wanted = {"ours": ("tp-store", "tp-rdzv-api", "tp-rdzv-dynamic"), "torch": ("torch",)}
+    for impl in impls:
+        for distribution in wanted[impl]:
+            try:
+                found[distribution] = importlib.metadata.version(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                found[distribution] = "not installed"
+    return found
+
+
+def raise_limits() -> None:
+    """Thousands of node threads, each with a client socket and its server side."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    threading.stack_size(THREAD_STACK_BYTES)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes wants numbers like 8,32,96: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--sizes wants positive numbers: {text!r}")
+    return sizes
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        help="node counts of the first-round scenario, e.g. 8,32 "
+        f"(default {','.join(map(str, DEFAULT_SIZES))})",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"sizes {QUICK_SIZES} only, for smoke tests"
+    )
+    parser.add_argument("--only", choices=IMPLS, help="run one implementation only")
+    parser.add_argument(
+        "--torch-max-nodes",
+        type=int,
+        default=TORCH_MAX_NODES,
+        help="larger rounds are measured for ours only (default %(default)s)",
+    )
+    parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 scenario")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed per round (join timeout too; default %(default)s)",
+    )
+    parser.add_argument("--json", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    # The node-process mode of the kill scenario.
+    parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", help=argparse.SUPPRESS)
+    parser.add_argument("--is-host", choices=("true", "false"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.impls = [args.only] if args.only else list(IMPLS)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # children inherit it
+    args = parse_args(argv)
+    if args.node:
+        return node_main(args)
+    raise_limits()
+    sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    metrics = new_metrics(sizes, with_kill=not args.no_kill)
+    started = time.monotonic()
+    print(f"running {', '.join(args.impls)} ...", flush=True)
+    run_all(args, sizes, Recorder(metrics))
+    print()
+    print(format_table(list(metrics.values())))
+
+    report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "versions": versions(args.impls),
+        "quick": args.quick,
+        "config": {
+            "sizes": list(sizes),
+            "torch_max_nodes": args.torch_max_nodes,
+            "timeout": args.timeout,
+            "kill": {"nodes": KILL_NODES, "victims": KILL_VICTIMS, "config": KILL_CONFIG},
+        },
+        "seconds": round(time.monotonic() - started, 1),
+        "metrics": [
+            {
+                "name": m.name,
+                "unit": m.unit,
+                "better": m.better,
+                "ours": m.ours,
+                "torch": m.torch,
+                "ratio_ours_over_torch": m.ratio,
+                "notes": m.notes,
+            }
+            for m in metrics.values()
+        ],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nsaved {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
