@@ -178,10 +178,10 @@ def time_first_round(size: int, make_node: MakeNode, timeout: float, impl: Impl)
     """Run one round of ``size`` nodes made by ``make_node``; time and verify it.
 
     Each node gets a thread that waits for a common start signal, calls
-    ``next_rendezvous()`` once, notes when it returned, and later shuts its
-    handler down. Raises ``TimeoutError`` when some node has not returned
-    within ``timeout`` seconds, ``RuntimeError`` when a node raised and
-    ``VerificationError`` when the outcome is wrong.
+    ``next_rendezvous()`` once and notes when it returned; the handlers are
+    shut down afterwards, one at a time. Raises ``TimeoutError`` when some
+    node has not returned within ``timeout`` seconds, ``RuntimeError`` when a
+    node raised and ``VerificationError`` when the outcome is wrong.
     """
     setup_started = time.perf_counter()
     handlers = [make_node(index) for index in range(size)]
@@ -190,7 +190,6 @@ def time_first_round(size: int, make_node: MakeNode, timeout: float, impl: Impl)
     all_waiting = threading.Barrier(size + 1)
     start = threading.Event()
     finished = threading.Semaphore(0)  # released once per node that returned or raised
-    teardown = threading.Event()
 
     def node(index: int) -> None:
         outcome = outcomes[index]
@@ -202,9 +201,6 @@ def time_first_round(size: int, make_node: MakeNode, timeout: float, impl: Impl)
         except BaseException:
             outcome.error = traceback.format_exc()
         finished.release()
-        teardown.wait()
-        if outcome.error is None:
-            shutdown_quietly(handlers[index])
 
     threads = [
         threading.Thread(target=node, args=(index,), name=f"node-{index}", daemon=True)
@@ -224,9 +220,9 @@ def time_first_round(size: int, make_node: MakeNode, timeout: float, impl: Impl)
         # Said before the shutdown and the checks, which take long at large sizes.
         print(f"    all {size} returned after {timing.last:.2f} s; shutting down", flush=True)
     finally:
-        teardown.set()
         shutdown_started = time.perf_counter()
-        join_threads(threads, deadline=time.monotonic() + min(timeout, 120))
+        returned = [handlers[i] for i, outcome in enumerate(outcomes) if outcome.info is not None]
+        shut_down_one_by_one(returned, deadline=time.monotonic() + min(timeout, 120))
     timing.shutdown = time.perf_counter() - shutdown_started
     # Checked once the handlers are shut down: comparing N participant lists of
     # N nodes holds the GIL long enough at thousands of nodes to starve the
@@ -251,9 +247,18 @@ def wait_for_nodes(
             )
 
 
-def join_threads(threads: Sequence[threading.Thread], deadline: float) -> None:
-    for thread in threads:
-        thread.join(max(deadline - time.monotonic(), 0))
+def shut_down_one_by_one(handlers: Sequence[Any], deadline: float) -> None:
+    """Shut ``handlers`` down in turn until ``deadline``.
+
+    Not all at once: every shutdown() closes the rendezvous, and thousands of
+    them racing is a scenario of its own (it can take minutes and gigabytes);
+    here it must not disturb the rest of the run.
+    """
+    for done, handler in enumerate(handlers):
+        if time.monotonic() >= deadline:
+            print(f"    ({len(handlers) - done} handlers left running)", file=sys.stderr)
+            return
+        shutdown_quietly(handler)
 
 
 def shutdown_quietly(handler: Any) -> None:

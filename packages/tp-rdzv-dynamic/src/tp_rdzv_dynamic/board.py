@@ -205,6 +205,21 @@ class RendezvousBoard:
                 return False
         return True
 
+    def claim_closing(self, node: _NodeDesc) -> bool:
+        """Whether ``node`` is the one to record the closing (the first to ask)."""
+        key = self._key("closing")
+        held = self._call("claiming the closing", lambda: self.store.compare_set(key, "", node.key))
+        return held == node.key.encode()
+
+    def await_closed(self, timeout: float) -> bool:
+        """Whether the rendezvous is marked closed within ``timeout`` seconds."""
+        with self._store_errors("waiting for the closing"):
+            try:
+                self.store.wait([self._closed], timeout)
+            except StoreTimeoutError:
+                return False
+        return True
+
     def close(self) -> None:
         """Mark the rendezvous closed (the key only; the state is the backend's)."""
         self._call("closing", lambda: self.store.set(self._closed, "1"))

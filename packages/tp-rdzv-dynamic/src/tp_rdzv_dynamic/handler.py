@@ -252,7 +252,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         that finds the key knows the state is closed and has nothing to do:
         every node of a job may shut down without rewriting the state.
         """
-        if self._board.is_closed():
+        board = self._board
+        if board.is_closed():
+            return
+        # Every agent shuts down at the end of a job: one of them records the
+        # closing, the others wait for its mark instead of racing to rewrite
+        # the whole state (and record it themselves if that node vanished).
+        close_timeout = self._settings.timeout.close.total_seconds()
+        if not board.claim_closing(self._node) and board.await_closed(close_timeout):
             return
         state, token = self._holder.load()
         deadline = time.monotonic() + self._settings.timeout.close.total_seconds()
