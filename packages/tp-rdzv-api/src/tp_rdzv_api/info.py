@@ -9,8 +9,8 @@ from tp_store import PrefixStore, Store, TCPStore
 
 from .errors import RendezvousStateError
 
-# Hosts that a server binds to but that no client can dial.
-_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+#: Hosts that a server binds to but that no client can dial.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 
 
 def _check_rank(rank: object) -> int:
@@ -29,7 +29,7 @@ def _check_port(port: object, what: str = "port") -> int:
     return port
 
 
-def _unwrap(store: Store) -> Store:
+def unwrap_store(store: Store) -> Store:
     """The store under any number of ``PrefixStore`` layers."""
     while isinstance(store, PrefixStore):
         store = store.underlying_store
@@ -130,9 +130,9 @@ class RendezvousStoreInfo:
             server_port = _check_port(server_port, "server_port")
         if rank != 0:
             return cls._read(store)
-        base = _unwrap(store)
+        base = unwrap_store(store)
         store_host = base.host if isinstance(base, TCPStore) else ""
-        if store_host in _WILDCARD_HOSTS:
+        if store_host in WILDCARD_HOSTS:
             store_host = ""
         if server_port is not None:
             info = cls(local_addr or store_host or socket.getfqdn(), server_port)

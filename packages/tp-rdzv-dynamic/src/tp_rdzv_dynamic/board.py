@@ -198,9 +198,13 @@ class RendezvousBoard:
 
     def await_receipt(self, receipt: str, timeout: float) -> bool:
         """Whether the steward confirmed ``receipt`` within ``timeout`` seconds."""
-        with self._store_errors("waiting for a receipt"):
+        return self._appears(self._key(receipt), timeout, "waiting for a receipt")
+
+    def _appears(self, key: str, timeout: float, what: str) -> bool:
+        """Whether ``key`` exists within ``timeout`` seconds."""
+        with self._store_errors(what):
             try:
-                self.store.wait([self._key(receipt)], timeout)
+                self.store.wait([key], timeout)
             except StoreTimeoutError:
                 return False
         return True
@@ -213,12 +217,7 @@ class RendezvousBoard:
 
     def await_closed(self, timeout: float) -> bool:
         """Whether the rendezvous is marked closed within ``timeout`` seconds."""
-        with self._store_errors("waiting for the closing"):
-            try:
-                self.store.wait([self._closed], timeout)
-            except StoreTimeoutError:
-                return False
-        return True
+        return self._appears(self._closed, timeout, "waiting for the closing")
 
     def close(self) -> None:
         """Mark the rendezvous closed (the key only; the state is the backend's)."""
@@ -234,12 +233,7 @@ class RendezvousBoard:
     # -- what only the steward does -------------------------------------------
     def await_mail(self, timeout: float) -> bool:
         """Whether the mailbox holds a message within ``timeout`` seconds."""
-        with self._store_errors("waiting for the mailbox"):
-            try:
-                self.store.wait([self._mailbox], timeout)
-            except StoreTimeoutError:
-                return False
-        return True
+        return self._appears(self._mailbox, timeout, "waiting for the mailbox")
 
     def take_mail(self) -> list[tuple[Event | None, str | None]]:
         """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped."""

@@ -28,6 +28,7 @@ from tp_rdzv_api import (
     RendezvousTimeout,
     RendezvousTimeoutError,
 )
+from tp_rdzv_api.info import WILDCARD_HOSTS, unwrap_store
 from tp_store import PrefixStore, Store, StoreError, TCPStore
 
 from .backend import RendezvousBackend
@@ -41,8 +42,6 @@ from .steward import Steward
 
 log = logging.getLogger(__name__)
 
-# Hosts a server binds to but no client can dial.
-_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
 #: How long a node rolling back a timed-out join waits for the steward's receipt.
 _ROLLBACK_GRACE = 5.0
 _receipts = itertools.count()
@@ -185,7 +184,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
     @property
     def use_agent_store(self) -> bool:
         """Whether workers can reuse the agent-held store as their bootstrap store."""
-        return isinstance(_unwrap(self._store), TCPStore)
+        return isinstance(unwrap_store(self._store), TCPStore)
 
     def is_closed(self) -> bool:
         """Whether the rendezvous has been marked closed."""
@@ -413,8 +412,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     def _bootstrap_info(self, rank: int, round_store: Store) -> RendezvousStoreInfo:
-        base = _unwrap(self._store)
-        if isinstance(base, TCPStore) and base.host not in _WILDCARD_HOSTS:
+        base = unwrap_store(self._store)
+        if isinstance(base, TCPStore) and base.host not in WILDCARD_HOSTS:
             # Workers reuse the rendezvous store: every node knows its endpoint.
             return RendezvousStoreInfo(base.host, base.port)
         return RendezvousStoreInfo.build(rank, round_store, local_addr=self._node.addr)
@@ -443,12 +442,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._heartbeat_stop is not None:
             self._heartbeat_stop.set()
             self._heartbeat_stop = None
-
-
-def _unwrap(store: Store) -> Store:
-    while isinstance(store, PrefixStore):
-        store = store.underlying_store
-    return store
 
 
 def _check_settings(settings: object, run_id: object) -> RendezvousSettings:
