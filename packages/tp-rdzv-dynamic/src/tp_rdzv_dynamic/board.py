@@ -127,6 +127,7 @@ class RendezvousBoard:
         self._closed = self._key("closed")
         self._waiting = self._key("waiting")
         self._pending = self._key("pending")
+        self._liveness = self._key("liveness")
 
     def _key(self, name: str) -> str:
         return self._prefix + name
@@ -138,6 +139,10 @@ class RendezvousBoard:
     def heartbeat_key(self, node: _NodeDesc) -> str:
         """The heartbeat counter of ``node``."""
         return self._key(f"hb/{node.key}")
+
+    def stale_key(self, round_: int) -> str:
+        """Set once the completed ``round_`` no longer describes the job."""
+        return self._key(f"stale/{round_}")
 
     @contextmanager
     def _store_errors(self, what: str) -> Iterator[None]:
@@ -183,6 +188,28 @@ class RendezvousBoard:
             except StoreTimeoutError:
                 return None
         return decode_outcome(raw, key)
+
+    def await_stale(self, round_: int, timeout: float) -> bool:
+        """Whether the completed ``round_`` turns stale within ``timeout`` seconds."""
+        return self._appears(self.stale_key(round_), timeout, f"watching round {round_}")
+
+    def mark_stale(self, round_: int) -> None:
+        """Tell the nodes of the completed ``round_`` that membership changed."""
+        self._call(
+            f"marking round {round_} stale", lambda: self.store.set(self.stale_key(round_), "1")
+        )
+
+    def observe(self) -> tuple[Lease | None, bytes | None]:
+        """The lease and the steward's last liveness report, each ``None`` when absent.
+
+        Read-only, for observers: unlike :meth:`read_lease` it creates nothing.
+        """
+        with self._store_errors("reading the steward's reports"):
+            lease, liveness = (
+                self.store.get(key) if self.store.check([key]) else None
+                for key in (self._lease, self._liveness)
+            )
+        return (None if lease is None else Lease.parse(lease)), liveness
 
     def read_lease(self) -> Lease:
         """The steward lease (created vacant if missing), in one round trip."""
@@ -260,10 +287,13 @@ class RendezvousBoard:
         keys = [self.heartbeat_key(node) for node in nodes]
         return self._call("reading heartbeats", lambda: self.store.multi_get(keys) if keys else [])
 
-    def publish_counters(self, waiting: int, pending: int) -> None:
-        """Publish the counters nodes read with ``add(key, 0)``."""
+    def publish_counters(self, waiting: int, pending: int, liveness: bytes | None = None) -> None:
+        """Publish the counters nodes read with ``add(key, 0)``, and a liveness report."""
         keys = [self._waiting, self._pending]
-        values = [str(waiting), str(pending)]
+        values: list[str | bytes] = [str(waiting), str(pending)]
+        if liveness is not None:
+            keys.append(self._liveness)
+            values.append(liveness)
         self._call("publishing counters", lambda: self.store.multi_set(keys, values))
 
     def wake(self) -> None:

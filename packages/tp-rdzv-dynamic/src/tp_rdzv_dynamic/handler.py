@@ -34,10 +34,12 @@ from tp_store import PrefixStore, Store, StoreError, TCPStore
 from .backend import RendezvousBackend
 from .board import Lease, RendezvousBoard
 from .decisions import Join, Leave
+from .events import log_event
 from .holder import _RendezvousStateHolder
 from .node import _NodeDesc, _NodeDescGenerator
 from .settings import RendezvousSettings
 from .state import RoundOutcome, encode_closed_outcome
+from .status import RendezvousStatus, build_status, decode_liveness
 from .steward import Steward
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._lease_epoch = -1
         self._posted_epoch = -1
         self._heartbeat_stop: threading.Event | None = None
+        self._round: int | None = None  # the last round this node completed
+        self._watcher: RendezvousBoard | None = None  # a connection that may block
 
     @classmethod
     def from_backend(  # noqa: PLR0917 - PyTorch's signature
@@ -208,7 +212,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """
         self._stop_heartbeats()
         board, node = self._board, self._node
-        now = time.monotonic()
+        now = started = time.monotonic()
         deadline = now + self._settings.timeout.join.total_seconds()
         board.beat(node)
         # Nodes started together would all tick together (time out, heartbeat,
@@ -219,6 +223,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # The round comes with the lease, read before posting: read after, it
         # could already be past the round this join completes.
         round_ = self._watch_lease(now).round
+        self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
         self._post_join(round_)
         while True:
             now = time.monotonic()
@@ -241,8 +246,47 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if rank is not None:
                 break
             round_ = outcome.round + 1
+        self._round = outcome.round
+        self._event(
+            logging.INFO,
+            "round_joined",
+            f"{node} has rank {rank} of {len(outcome.participants)} in round {outcome.round}",
+            duration=time.monotonic() - started,
+        )
         self._start_heartbeats()
         return self._info(outcome, rank)
+
+    # -- beyond the documented API: for agents and operators -------------------
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block until the round this node joined no longer describes the job.
+
+        That is: a participant left or died, a node waits to join, a new round
+        opened, or the rendezvous closed. Returns ``True`` then (the agent
+        should call :meth:`next_rendezvous` again), ``False`` after
+        ``timeout`` seconds without change. Before the first round it returns
+        ``True`` at once. An event-driven alternative to polling
+        :meth:`num_nodes_waiting`; it waits on a connection of its own, so
+        heartbeats go on meanwhile.
+        """
+        if self._round is None:
+            return True
+        if self._watcher is None:
+            try:
+                store = self._store.clone()
+            except StoreError as exc:
+                raise self._board_error("opening a watch connection", exc) from exc
+            self._watcher = RendezvousBoard(store, self.get_run_id())
+        return self._watcher.await_stale(self._round, timeout)
+
+    def status(self) -> RendezvousStatus:
+        """A snapshot of the run for observers (see :class:`~.status.RendezvousStatus`).
+
+        Read-only: it neither joins nor creates keys.
+        """
+        state, _ = self._holder.load()
+        lease, liveness = self._board.observe()
+        ages = {} if liveness is None else decode_liveness(liveness, "the liveness key")
+        return build_status(self.get_run_id(), self._backend_name, state, lease, ages)
 
     def set_closed(self) -> None:
         """Mark the rendezvous closed; new joiners are rejected.
@@ -271,11 +315,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
             closed = state.copy()
             closed.closed = True
             state, token, _ = self._holder.save(closed, token)
-        # Wake everyone waiting for the open round or the one after it.
+        # Wake everyone waiting for the open round or the one after it, and
+        # the agents watching the completed one.
         first = state.round + 1 if state.complete else state.round
         for round_ in (first, first + 1):
             self._board.publish(round_, encode_closed_outcome(round_))
+        if state.complete:
+            self._board.mark_stale(state.round)
         self._board.close()
+        self._event(logging.INFO, "closed", "the rendezvous is closed", round_=state.round)
 
     def shutdown(self) -> bool:
         """Release rendezvous resources; returns True when the backend shut down.
@@ -287,11 +335,33 @@ class DynamicRendezvousHandler(RendezvousHandler):
         try:
             self.set_closed()
         except RendezvousError as exc:
-            log.warning("rendezvous %r: shutdown could not close: %s", self.get_run_id(), exc)
+            self._event(logging.WARNING, "shutdown_failed", f"shutdown could not close: {exc}")
             return False
         finally:
             self._stop_steward()
+            if self._watcher is not None:
+                self._watcher.store.close()
+                self._watcher = None
         return True
+
+    def _event(
+        self,
+        level: int,
+        action: str,
+        message: str,
+        round_: int | None = None,
+        duration: float | None = None,
+    ) -> None:
+        log_event(
+            log,
+            level,
+            action,
+            message,
+            run_id=self.get_run_id(),
+            node=self._node,
+            round_=self._round if round_ is None else round_,
+            duration=duration,
+        )
 
     # -- the steward lease ------------------------------------------------------
     def _watch_lease(self, now: float) -> Lease:
@@ -308,12 +378,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if not lease.holder or (mine and not self._steward_running()):
             return self._take_lease(lease, now)
         if not mine and now - self._lease_since >= bound:
-            log.warning(
-                "rendezvous %r: steward %s silent for %s; %s takes over",
-                self.get_run_id(),
-                lease.holder,
-                self._settings.liveness_bound,
-                self._node,
+            self._event(
+                logging.WARNING,
+                "steward_takeover",
+                f"steward {lease.holder} silent for {self._settings.liveness_bound}; "
+                f"{self._node} takes over",
             )
             return self._take_lease(lease, now)
         return lease
@@ -377,14 +446,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         board.post(Leave(self._node), receipt)
         grace = min(_ROLLBACK_GRACE, self._settings.timeout.close.total_seconds())
         if not board.await_receipt(receipt, grace):
-            log.warning(
-                "rendezvous %r: no steward confirmed that %s left; it will be dropped "
+            self._event(
+                logging.WARNING,
+                "rollback_unconfirmed",
+                f"no steward confirmed that {self._node} left; it will be dropped "
                 "when its heartbeats stop",
-                self.get_run_id(),
-                self._node,
             )
         self._stop_steward()
         timeout = self._settings.timeout.join
+        self._event(logging.WARNING, "join_timeout", f"{self._node} gave up after the join timeout")
         if 0 < gathered < self._settings.min_nodes:
             return RendezvousExhaustedError(
                 {
@@ -434,9 +504,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             try:
                 self._board.beat(self._node)
             except RendezvousError as exc:
-                log.warning(
-                    "rendezvous %r: heartbeat of %s failed: %s", self.get_run_id(), self._node, exc
-                )
+                self._event(logging.WARNING, "heartbeat_failed", f"heartbeat failed: {exc}")
 
     def _stop_heartbeats(self) -> None:
         if self._heartbeat_stop is not None:

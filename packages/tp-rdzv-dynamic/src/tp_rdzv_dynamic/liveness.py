@@ -37,3 +37,7 @@ class LivenessTracker:
                     silent.append(key)
         self._seen = fresh
         return silent
+
+    def ages(self, now: float) -> dict[str, float]:
+        """Seconds since each counter of the last sample last moved, as of ``now``."""
+        return {key: now - changed for key, (_, changed) in self._seen.items()}

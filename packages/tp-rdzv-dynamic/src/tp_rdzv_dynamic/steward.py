@@ -18,11 +18,13 @@ from tp_rdzv_api import RendezvousError, RendezvousStateError
 
 from .board import Lease, RendezvousBoard
 from .decisions import Event, Leave, Transition, apply, needs_last_call
+from .events import log_event
 from .holder import _RendezvousStateHolder
 from .liveness import LivenessTracker
 from .node import _NodeDesc
 from .settings import RendezvousSettings
-from .state import RendezvousState, encode_failed_outcome, encode_outcome
+from .state import RendezvousState, decode_outcome, encode_failed_outcome, encode_outcome
+from .status import encode_liveness
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class Steward:
         self._unsaved: list[Event] = []  # events applied since the last save
         self._token: object = None
         self._last_call_at: float | None = None
+        self._liveness_report: bytes | None = None  # published with the next counters
+        self._stale_round = -1  # the last completed round marked stale
         self._thread = threading.Thread(
             target=self._run, name=f"tp-rdzv-steward-{node}", daemon=True
         )
@@ -101,7 +105,7 @@ class Steward:
                 self._step()
             self._resign()
         except LeaseLost:
-            log.info("rendezvous %r: steward %s lost the lease", self.board.run_id, self.node)
+            self._event(logging.INFO, "lease_lost", f"steward {self.node} lost the lease")
         except RendezvousStateError as exc:
             log.error("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
             self._report(exc)
@@ -133,16 +137,21 @@ class Steward:
         now = time.monotonic()
         self._next_scan = now
         self._next_beat = now + self._tick
-        if self._state.complete:
-            self.board.publish(self._state.round, encode_outcome(self._state))
+        state = self._state
+        if state.complete:
+            key = self.board.outcome_key(state.round)
+            published = decode_outcome(self.board.publish(state.round, encode_outcome(state)), key)
+            # A predecessor may have changed the round without telling its nodes.
+            if len(published.participants) != len(state.participants):
+                self._mark_stale(state.round)
+            else:
+                self._check_stale(state)
         self._publish_counters()
         self._update_last_call(now)
-        log.info(
-            "rendezvous %r: %s is the steward (epoch %d, round %d)",
-            self.board.run_id,
-            self.node,
-            self.epoch,
-            self._state.round,
+        self._event(
+            logging.INFO,
+            "steward_elected",
+            f"{self.node} is the steward (epoch {self.epoch}, round {state.round})",
         )
 
     def _step(self) -> None:
@@ -176,12 +185,16 @@ class Steward:
         counters = self.board.sample_heartbeats(members)
         by_key = {node.key: node for node in members}
         silent = self._liveness.observe(dict(zip(by_key, counters, strict=True)), now)
+        self._liveness_report = encode_liveness(self._liveness.ages(now))
         for key in silent:
-            log.warning(
-                "rendezvous %r: node %s missed its heartbeats for %s; removing it",
-                self.board.run_id,
-                key,
-                self.settings.liveness_bound,
+            log_event(
+                log,
+                logging.WARNING,
+                "node_dead",
+                f"node {key} missed its heartbeats for {self.settings.liveness_bound}; removing it",
+                run_id=self.board.run_id,
+                node=key,
+                round_=self._state.round,
             )
         return [Leave(by_key[key]) for key in silent]
 
@@ -194,6 +207,7 @@ class Steward:
         rewrite the whole state once per batch.
         """
         self._unsaved.extend(events)
+        before = self._state
         transition = apply(self._state, events, self.settings, last_call_expired=last_call_expired)
         self._state = transition.state
         urgent = bool(transition.outcomes or transition.opened) or any(
@@ -204,7 +218,31 @@ class Steward:
         elif urgent or flush:
             transition = self._save(transition, last_call_expired)
         self._announce(transition)
+        if before.complete and before.round != self._stale_round:
+            self._check_stale(before)
         self._update_last_call(time.monotonic())
+
+    def _check_stale(self, completed: RendezvousState) -> None:
+        """Mark the ``completed`` round stale if the state has moved on from it.
+
+        It has when a participant left, a node waits to join, the rendezvous
+        closed, or a new round opened: its nodes should rendezvous again.
+        Participants only ever leave a completed round, so comparing counts
+        is enough.
+        """
+        state = self._state
+        if (
+            state.round != completed.round
+            or state.closed
+            or state.wait_list
+            or len(state.participants) != len(completed.participants)
+        ):
+            self._mark_stale(completed.round)
+
+    def _mark_stale(self, round_: int) -> None:
+        self.board.mark_stale(round_)
+        self._stale_round = round_
+        self._event(logging.INFO, "round_stale", f"round {round_} is stale", round_)
 
     def _save(self, transition: Transition, last_call_expired: bool) -> Transition:
         """Persist the state; after losing a race, rebuild on the winner's and retry."""
@@ -229,7 +267,7 @@ class Steward:
         """Publish the outcomes of the rounds that completed, then the counters."""
         for round_, outcome in transition.outcomes:
             self.board.publish(round_, outcome)
-            log.info("rendezvous %r: round %d complete", self.board.run_id, round_)
+            self._event(logging.INFO, "round_complete", f"round {round_} complete", round_)
         self._publish_counters()
 
     def _publish_counters(self) -> None:
@@ -237,7 +275,9 @@ class Steward:
         self.board.publish_counters(
             waiting=len(state.wait_list),
             pending=0 if state.complete else len(state.participants),
+            liveness=self._liveness_report,
         )
+        self._liveness_report = None
         if self._round_hint() != Lease.parse(self._lease).round:
             self._swap_lease(self.epoch, self._beat + 1)
 
@@ -260,6 +300,17 @@ class Steward:
         if not self.board.swap_lease(self._lease, desired):
             raise LeaseLost
         self._lease, self.epoch, self._beat = desired, epoch, beat
+
+    def _event(self, level: int, action: str, message: str, round_: int | None = None) -> None:
+        log_event(
+            log,
+            level,
+            action,
+            message,
+            run_id=self.board.run_id,
+            node=self.node,
+            round_=self._state.round if round_ is None else round_,
+        )
 
     def _report(self, exc: RendezvousStateError) -> None:
         """Tell the nodes waiting for the next rounds that nobody can decide them."""
