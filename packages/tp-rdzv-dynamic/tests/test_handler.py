@@ -298,3 +298,71 @@ def test_threads_do_not_leak_after_shutdown(make_node):
     for handler in handlers:
         handler.shutdown()
     wait_until(lambda: threading.active_count() <= before + 1)
+
+
+# -- for agents and operators: status() and wait_for_change() -------------------
+
+
+def test_status_before_any_round(make_node):
+    status = make_node(2, 2).status()
+    assert (status.round, status.complete, status.closed) == (0, False, False)
+    assert status.participants == status.wait_list == status.redundancy_list == ()
+    assert status.steward is None
+
+
+def test_status_lists_the_round_in_rank_order_with_heartbeat_ages(make_node):
+    handlers = [make_node(3, 3, interval=0.2) for _ in range(3)]
+    infos = rendezvous_all(handlers)
+    # The steward measures ages at its ticks: wait for one that saw every node.
+    wait_until(lambda: all(n.heartbeat_age is not None for n in handlers[0].status().participants))
+    status = handlers[0].status()
+    assert status.complete
+    assert not status.closed
+    by_rank = sorted(infos, key=lambda info: info.rank)
+    assert [n.node for n in status.participants] == [str(p) for p in by_rank[0].participants]
+    assert [n.rank for n in status.participants] == [0, 1, 2]
+    assert status.steward in {str(h.node) for h in handlers}
+    ages = [n.heartbeat_age for n in status.participants]
+    assert all(age is not None and 0 <= age < 5 for age in ages), ages
+    document = status.to_dict()
+    assert document["participants"][0]["rank"] == 0
+    assert document["run_id"] == RUN
+
+
+def test_status_names_a_corrupt_liveness_report(make_node, server):
+    handler = make_node(1, 1)
+    server.set(f"tp_rdzv/{RUN}/liveness", b"\x00 not json")
+    with pytest.raises(RendezvousStateError, match="liveness"):
+        handler.status()
+
+
+def test_wait_for_change_sees_a_late_joiner_and_the_closing(make_node):
+    handlers = [make_node(2, 3) for _ in range(2)]
+    rendezvous_all(handlers)
+    assert not handlers[0].wait_for_change(0.2)
+    late = make_node(2, 3)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(late.next_rendezvous)
+        assert handlers[0].wait_for_change(10)
+        infos = rendezvous_all(handlers)
+        assert pending.result(timeout=10).world_size == 3
+    assert {info.world_size for info in infos} == {3}
+    assert not handlers[1].wait_for_change(0.2)  # the new round is current
+    handlers[0].set_closed()
+    assert handlers[1].wait_for_change(10)
+
+
+def test_wait_for_change_sees_a_participant_leave(make_node):
+    handlers = [make_node(2, 3, last_call=0.1) for _ in range(3)]
+    rendezvous_all(handlers)
+    with ThreadPoolExecutor(2) as pool:
+        # Two of them ask for a new round: the one left in the old round is told.
+        pending = [pool.submit(h.next_rendezvous) for h in handlers[1:]]
+        assert handlers[0].wait_for_change(10)
+        mine = handlers[0].next_rendezvous()
+        infos = [mine, *[f.result(timeout=10) for f in pending]]
+    assert sorted(info.rank for info in infos) == [0, 1, 2]
+
+
+def test_wait_for_change_before_the_first_round_is_true(make_node):
+    assert make_node(1, 1).wait_for_change(0.1)
