@@ -177,6 +177,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """This node's descriptor."""
         return self._node
 
+    @property
+    def round(self) -> int | None:
+        """The last round this node completed, or ``None`` before its first."""
+        return self._round
+
     def get_backend(self) -> str:
         """Backend name (e.g. static or core)."""
         return self._backend_name

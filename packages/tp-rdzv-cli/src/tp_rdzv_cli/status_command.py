@@ -1,0 +1,181 @@
+"""``tp-rdzv status``: what a rendezvous (or a store server) is doing now."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tp_rdzv_api.utils import parse_rendezvous_endpoint
+from tp_rdzv_dynamic.factory import DEFAULT_PORT
+from tp_store import StoreError, TCPStore, UnsupportedOperationError
+
+from .connect import (
+    add_observer_arguments,
+    add_rendezvous_arguments,
+    open_handler,
+    rendezvous_errors,
+)
+from .errors import CommandError, ExitCode
+
+EXAMPLES = """examples:
+  tp-rdzv status --endpoint 127.0.0.1:29400 --run-id job1
+  tp-rdzv status --endpoint 127.0.0.1:29400 --run-id job1 --json
+  tp-rdzv status --endpoint 127.0.0.1:29400 --run-id job1 --watch
+  tp-rdzv status --endpoint 127.0.0.1:29400 --store      # the store server's counters
+
+Heartbeat ages are measured by the steward on its own clock at its last tick
+(at most one keep_alive_interval ago), so skewed clocks do not distort them.
+The --json document follows the schema in tp_rdzv_cli/status.schema.json."""
+
+
+def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
+    """Register ``status``."""
+    parser = commands.add_parser(
+        "status",
+        parents=parents,
+        help="show a rendezvous: round, participants, wait list, heartbeats",
+        description="Show the state of a rendezvous, or with --store the store server's counters.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_rendezvous_arguments(parser, run_id_required=False)
+    add_observer_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
+    )
+    parser.add_argument(
+        "--store", action="store_true", help="show the store server's counters instead"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Show the status once, or until interrupted with ``--watch``."""
+    if args.interval <= 0:
+        raise CommandError(f"--interval must be positive, got {args.interval}", ExitCode.USAGE)
+    if args.store:
+        read = _store_reader(args)
+    elif not args.run_id:
+        raise CommandError("--run-id is required (or --store for the server)", ExitCode.USAGE)
+    else:
+        read = _rendezvous_reader(args)
+    render: Callable[[dict[str, Any]], RenderableType] = (
+        _store_table if args.store else _rendezvous_view
+    )
+    console = Console()
+    if not args.watch:
+        document = read()
+        if args.json:
+            print(json.dumps(document), flush=True)
+        else:
+            console.print(render(document))
+        return ExitCode.OK
+    try:
+        if args.json:
+            while True:
+                print(json.dumps(read()), flush=True)
+                time.sleep(args.interval)
+        with Live(render(read()), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(read()), refresh=True)
+    except KeyboardInterrupt:
+        return ExitCode.OK
+
+
+def _rendezvous_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    handler = open_handler(args, observer=True)
+
+    def read() -> dict[str, Any]:
+        with rendezvous_errors():
+            status = handler.status()
+        return {**status.to_dict(), "observed_at": time.time()}
+
+    return read
+
+
+def _store_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        host, port = parse_rendezvous_endpoint(args.endpoint, default_port=DEFAULT_PORT)
+    except ValueError as exc:
+        raise CommandError(str(exc), ExitCode.USAGE) from exc
+    try:
+        store = TCPStore(host, port, timeout=args.timeout)
+    except StoreError as exc:
+        raise CommandError(
+            f"cannot reach the store at {args.endpoint}: {exc}", ExitCode.UNREACHABLE
+        ) from exc
+
+    def read() -> dict[str, Any]:
+        try:
+            return dict(store.server_stats())
+        except UnsupportedOperationError as exc:
+            raise CommandError(str(exc), ExitCode.FAILED) from exc
+        except StoreError as exc:
+            raise CommandError(
+                f"the store at {args.endpoint} failed: {exc}", ExitCode.UNREACHABLE
+            ) from exc
+
+    return read
+
+
+# -- rendering ---------------------------------------------------------------------
+
+
+def _age(node: dict[str, Any]) -> str:
+    age = node["heartbeat_age"]
+    return "-" if age is None else f"{age:.1f} s ago"
+
+
+def _rendezvous_view(document: dict[str, Any]) -> RenderableType:
+    phase = "closed" if document["closed"] else "complete" if document["complete"] else "forming"
+    steward = document["steward"] or "vacant"
+    header = Text.assemble(
+        ("run ", "dim"),
+        (document["run_id"], "bold"),
+        (f" ({document['backend']})  round ", "dim"),
+        (str(document["round"]), "bold"),
+        "  ",
+        (phase, "bold green" if phase == "complete" else "bold yellow"),
+        ("  steward ", "dim"),
+        f"{steward} (epoch {document['steward_epoch']})",
+    )
+    parts: list[RenderableType] = [header, _node_table("participants", document["participants"])]
+    for name in ("wait_list", "redundancy_list"):
+        if document[name]:
+            parts.append(_node_table(name.replace("_", " "), document[name]))
+    return Group(*parts)
+
+
+def _node_table(title: str, nodes: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"{title} ({len(nodes)})", title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("node")
+    table.add_column("last heartbeat", justify="right")
+    for node in nodes:
+        rank = node["rank"]
+        table.add_row("-" if rank is None else str(rank), node["node"], _age(node))
+    return table
+
+
+def _store_table(document: dict[str, Any]) -> RenderableType:
+    table = Table(title="store server", title_justify="left")
+    table.add_column("counter")
+    table.add_column("value", justify="right")
+    for name, value in document.items():
+        if name != "ops":
+            table.add_row(name, str(value))
+    busy = {op: count for op, count in document.get("ops", {}).items() if count}
+    for op, count in sorted(busy.items(), key=lambda item: -item[1]):
+        table.add_row(f"ops.{op}", str(count))
+    return table
