@@ -1,0 +1,325 @@
+"""``tp-rdzv`` as users run it: the installed command in subprocesses, on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import urllib.request
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import pytest
+from cli_support import Command, run_tp_rdzv, unique_run_id
+
+#: Quick liveness so the tests that wait for a change do not wait long.
+FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=0.5"
+STATUS_SCHEMA = json.loads(
+    resources.files("tp_rdzv_cli").joinpath("status.schema.json").read_text()
+)
+
+
+def join(tp_rdzv: Callable[..., Command], endpoint: str, run_id: str, *extra: str) -> Command:
+    return tp_rdzv(
+        "join",
+        "--endpoint",
+        endpoint,
+        "--run-id",
+        run_id,
+        "--json",
+        "--config",
+        FAST,
+        *extra,
+    )
+
+
+def status(endpoint: str, run_id: str) -> dict[str, Any]:
+    result = run_tp_rdzv("status", "--endpoint", endpoint, "--run-id", run_id, "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    jsonschema.validate(document, STATUS_SCHEMA)
+    return document
+
+
+def next_round(node: Command) -> dict[str, Any]:
+    event = node.event()
+    assert event["event"] == "round", event
+    return event
+
+
+def test_three_joins_form_a_round_and_close_makes_them_exit_0(tp_rdzv, store):
+    run_id = unique_run_id()
+    nodes = [join(tp_rdzv, store, run_id, "--min", "3", "--max", "3") for _ in range(3)]
+    rounds = [next_round(node) for node in nodes]
+
+    assert sorted(r["rank"] for r in rounds) == [0, 1, 2]
+    assert {r["world_size"] for r in rounds} == {3}
+    assert len({tuple(r["participants"]) for r in rounds}) == 1
+    for r in rounds:
+        assert r["participants"][r["rank"]] == r["node"]
+
+    seen = status(store, run_id)
+    assert seen["complete"]
+    assert not seen["closed"]
+    assert [n["node"] for n in seen["participants"]] == rounds[0]["participants"]
+    assert [n["rank"] for n in seen["participants"]] == [0, 1, 2]
+    assert seen["steward"] in rounds[0]["participants"]
+
+    closed = run_tp_rdzv("close", "--endpoint", store, "--run-id", run_id, "--json")
+    assert closed.returncode == 0, closed.stderr
+    assert json.loads(closed.stdout) == {"event": "closed", "run_id": run_id}
+    for node in nodes:
+        assert node.event()["event"] == "closed"
+        code, err = node.wait()
+        assert code == 0, err
+    assert status(store, run_id)["closed"]
+
+
+def test_a_late_joiner_makes_the_agents_join_the_next_round(tp_rdzv, store):
+    run_id = unique_run_id()
+    first = [join(tp_rdzv, store, run_id, "--min", "2", "--max", "3") for _ in range(2)]
+    before = [next_round(node) for node in first]
+    assert {r["world_size"] for r in before} == {2}
+
+    late = join(tp_rdzv, store, run_id, "--min", "2", "--max", "3")
+    after = [next_round(node) for node in [*first, late]]
+    assert {r["world_size"] for r in after} == {3}
+    assert {r["round"] for r in after} == {before[0]["round"] + 1}
+    assert sorted(r["rank"] for r in after) == [0, 1, 2]
+
+
+def test_status_shows_the_wait_list_and_heartbeat_ages(tp_rdzv, store):
+    run_id = unique_run_id()
+    # A round needs 2; one node waits alone, heartbeating.
+    lone = join(tp_rdzv, store, run_id, "--min", "2", "--max", "2")
+    document = status(store, run_id)
+    while not document["participants"] or document["participants"][0]["heartbeat_age"] is None:
+        # The steward reports ages at its ticks (every keep_alive_interval).
+        document = status(store, run_id)
+    assert not document["complete"]
+    (node,) = document["participants"]
+    assert node["rank"] is None
+    assert 0 <= node["heartbeat_age"] < 30
+    lone.stop()
+
+
+def test_status_table_for_people(tp_rdzv, store):
+    run_id = unique_run_id()
+    nodes = [join(tp_rdzv, store, run_id, "--min", "2", "--max", "2") for _ in range(2)]
+    names = [next_round(node)["node"] for node in nodes]
+    result = run_tp_rdzv("status", "--endpoint", store, "--run-id", run_id)
+    assert result.returncode == 0, result.stderr
+    assert "complete" in result.stdout
+    for name in names:
+        assert name in result.stdout
+
+
+def test_status_watch_refreshes_until_interrupted(tp_rdzv, store):
+    run_id = unique_run_id()
+    watch = tp_rdzv(
+        "status", "--endpoint", store, "--run-id", run_id, "--watch", "--json", "--interval", "0.1"
+    )
+    first, second = watch.event(), watch.event()
+    assert second["observed_at"] > first["observed_at"]
+    watch.signal(signal.SIGINT)
+    code, err = watch.wait()
+    assert code == 0, err
+
+
+def test_status_of_the_store_server_counts_operations(tp_rdzv, store):
+    run_id = unique_run_id()
+    nodes = [join(tp_rdzv, store, run_id, "--min", "2", "--max", "2") for _ in range(2)]
+    for node in nodes:
+        next_round(node)
+    result = run_tp_rdzv("status", "--endpoint", store, "--store", "--json")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["connections_open"] >= 2
+    assert stats["ops"]["queue_push"] >= 2  # each node posted its join
+    table = run_tp_rdzv("status", "--endpoint", store, "--store")
+    assert table.returncode == 0, table.stderr
+    assert "connections_open" in table.stdout
+
+
+def test_store_serves_prometheus_metrics(tp_rdzv):
+    server = tp_rdzv("store", "--port", "0", "--metrics-port", "0", "--json")
+    ready = server.event()
+    with urllib.request.urlopen(ready["metrics"], timeout=30) as response:
+        text = response.read().decode()
+    assert "tp_store_connections_open" in text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_store_shuts_down_cleanly_on_a_signal(tp_rdzv, signum):
+    server = tp_rdzv("store", "--port", "0")
+    assert server.line().startswith("store listening on 127.0.0.1:")
+    server.signal(signum)
+    code, err = server.wait()
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+def test_join_logs_structured_events_as_json(tp_rdzv, store):
+    run_id = unique_run_id()
+    nodes = [
+        join(
+            tp_rdzv,
+            store,
+            run_id,
+            "--min",
+            "1",
+            "--max",
+            "1",
+            "--log-level",
+            "INFO",
+            "--log-format",
+            "json",
+        )
+    ]
+    next_round(nodes[0])
+    assert run_tp_rdzv("close", "--endpoint", store, "--run-id", run_id).returncode == 0
+    code, err = nodes[0].wait()
+    assert code == 0, err
+    records = [json.loads(line) for line in err.splitlines()]
+    joined = [r for r in records if r.get("action") == "round_joined"]
+    assert joined, records
+    assert joined[0]["run_id"] == run_id
+    assert joined[0]["round"] == 0
+    assert joined[0]["duration"] >= 0
+    assert {r.get("action") for r in records} >= {"steward_elected", "round_complete"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["join", "--endpoint", "127.0.0.1:1", "--run-id", "r"], "required: --min, --max"),
+        (["join", "--endpoint", "h:1:2", "--run-id", "r", "--min", "1", "--max", "1"], "endpoint"),
+        (["join", "--endpoint", "h:99999", "--run-id", "r", "--min", "1", "--max", "1"], "port"),
+        (["join", "--endpoint", "h:1", "--run-id", "r", "--min", "3", "--max", "2"], "max_nodes"),
+        (["join", "--endpoint", "h:1", "--run-id", "r", "--min", "x", "--max", "2"], "--min"),
+        (
+            [
+                "join",
+                "--endpoint",
+                "h:1",
+                "--run-id",
+                "r",
+                "--min",
+                "1",
+                "--max",
+                "1",
+                "--config",
+                "keep_alive_interval=-1",
+            ],
+            "keep_alive_interval",
+        ),
+        (
+            [
+                "join",
+                "--endpoint",
+                "h:1",
+                "--run-id",
+                "r",
+                "--min",
+                "1",
+                "--max",
+                "1",
+                "--config",
+                "nokey",
+            ],
+            "config",
+        ),
+        (
+            [
+                "join",
+                "--backend",
+                "nope",
+                "--endpoint",
+                "h:1",
+                "--run-id",
+                "r",
+                "--min",
+                "1",
+                "--max",
+                "1",
+            ],
+            "nope",
+        ),
+        (["status", "--endpoint", "h:1"], "--run-id"),
+        (["status", "--endpoint", "h:1", "--run-id", "r", "--timeout", "0"], "--timeout"),
+        (["demo", "--nodes", "2", "--kill", "2"], "--kill"),
+        (["store", "--port", "70000"], "port"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args, expected):
+    result = run_tp_rdzv(*args)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0]
+    assert result.stdout == ""
+
+
+def test_static_backend_is_refused_with_a_reason():
+    result = run_tp_rdzv(
+        "join",
+        "--backend",
+        "static",
+        "--endpoint",
+        "127.0.0.1:1",
+        "--run-id",
+        "r",
+        "--min",
+        "1",
+        "--max",
+        "1",
+        "--config",
+        "rank=0",
+    )
+    assert result.returncode == 2, result.stderr
+    assert "dynamic backend" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["status", "close"])
+def test_an_unreachable_store_gives_one_line_and_exit_3(command):
+    endpoint = f"127.0.0.1:{_free_port()}"
+    result = run_tp_rdzv(command, "--endpoint", endpoint, "--run-id", "r", "--timeout", "1")
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert endpoint in lines[0]
+
+
+def test_store_status_of_an_unreachable_store_exits_3():
+    endpoint = f"127.0.0.1:{_free_port()}"
+    result = run_tp_rdzv("status", "--endpoint", endpoint, "--store", "--timeout", "1")
+    assert result.returncode == 3, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_store_on_a_taken_port_fails_in_one_line(tp_rdzv, store):
+    port = store.rsplit(":", 1)[1]
+    result = run_tp_rdzv("store", "--port", port)
+    assert result.returncode == 1, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert port in result.stderr
+
+
+def test_help_shows_examples_and_exit_codes():
+    for command in ("store", "join", "status", "close", "demo"):
+        result = run_tp_rdzv(command, "--help")
+        assert result.returncode == 0
+        assert "examples:" in result.stdout
+    top = run_tp_rdzv("--help")
+    assert "exit codes:" in top.stdout
