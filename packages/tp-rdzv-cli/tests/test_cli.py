@@ -270,27 +270,6 @@ def test_bad_arguments_give_one_line_and_exit_2(args, expected):
     assert result.stdout == ""
 
 
-def test_static_backend_is_refused_with_a_reason():
-    result = run_tp_rdzv(
-        "join",
-        "--backend",
-        "static",
-        "--endpoint",
-        "127.0.0.1:1",
-        "--run-id",
-        "r",
-        "--min",
-        "1",
-        "--max",
-        "1",
-        "--config",
-        "rank=0",
-    )
-    assert result.returncode == 2, result.stderr
-    assert "dynamic backend" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-
-
 @pytest.mark.parametrize("command", ["status", "close"])
 def test_an_unreachable_store_gives_one_line_and_exit_3(command):
     endpoint = f"127.0.0.1:{_free_port()}"
