@@ -14,6 +14,11 @@ Scenarios:
    the time is from the release until the last ``next_rendezvous()`` returns.
    Every round is checked: ranks 0..N-1 once each, world size N everywhere,
    and (ours) the same participant list everywhere.
+   The etcd rows run the same scenario for ours on ``tp_rdzv_etcd.EtcdStore``
+   (a store client per node, against a one-member etcd cluster this bench
+   starts on a free loopback port with a temporary data dir), next to ours on
+   the embedded store; torch has no counterpart (its etcd backends need etcd's
+   v2 API, which etcd 3.6 removed).
 2. re-rendezvous after kill -9: 8 node processes made by the backend registry
    (one of them hosts the store), min 6, max 8. After the first round, two
    nodes that do not host the store are killed with SIGKILL and the six
@@ -33,10 +38,12 @@ import os
 import platform
 import queue
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -52,6 +59,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "rdzv_bench.json"
 DEFAULT_SIZES = (8, 32, 96, 1000, 4000)
 QUICK_SIZES = (8, 32)
+# The first-round sizes measured on etcd as well (ours only).
+ETCD_SIZES = (32, 128)
 # torch's round takes about a minute at 96 nodes on a small host and grows
 # faster than linearly, so the larger sizes are measured for ours only.
 TORCH_MAX_NODES = 96
@@ -335,6 +344,99 @@ def bench_first_round(impl: Impl, size: int, timeout: float) -> RoundTiming:
         close_store(server)
 
 
+# -- 1b. the first round of N nodes on etcd (ours only) --------------------------------
+
+
+class EtcdServer:
+    """A one-member etcd cluster on free loopback ports, data in a temporary dir."""
+
+    def __init__(self, binary: str) -> None:
+        self.data_dir = tempfile.mkdtemp(prefix="rdzv-bench-etcd-")
+        client, peer = free_port(), free_port()
+        self.endpoint = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--name=bench",
+                f"--data-dir={self.data_dir}",
+                f"--listen-client-urls={self.endpoint}",
+                f"--advertise-client-urls={self.endpoint}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=bench={peer_url}",
+                "--logger=zap",
+                "--log-outputs=stderr",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._ready = threading.Event()
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self._ready.wait(60) or self.proc.poll() is not None:
+            self.stop()
+            raise RuntimeError("etcd did not start")
+
+    def _read_log(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if "serving client traffic" in line:  # etcd 3.4's "ready" line
+                self._ready.set()
+        self._ready.set()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def find_etcd(named: str | None) -> str | None:
+    """The etcd binary: ``--etcd-binary``, ``etcd`` on PATH or Debian's /usr/bin/etcd."""
+    for candidate in (named, shutil.which("etcd"), "/usr/bin/etcd"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def etcd_version(binary: str) -> str:
+    output = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    return output.stdout.splitlines()[0].split(":", 1)[-1].strip() if output.stdout else "?"
+
+
+def bench_first_round_etcd(size: int, timeout: float, endpoint: str) -> RoundTiming:
+    """A first round of ``size`` threaded nodes of ours, each with an EtcdStore client."""
+    from tp_rdzv_etcd import EtcdStore
+
+    impl = load_impl("ours")
+    run_id = f"bench-etcd-{size}-{uuid.uuid4().hex[:8]}"
+    store_timeout = timedelta(seconds=timeout)
+    clients: list[Any] = []
+
+    def make_node(index: int) -> Any:
+        client = EtcdStore(endpoint, f"/rdzv-bench/{run_id}/", timeout)
+        clients.append(client)
+        return impl.handler.from_backend(
+            run_id,
+            client,
+            impl.backend(client, run_id),
+            size,
+            size,
+            local_addr="127.0.0.1",
+            timeout=impl.timeout(join=store_timeout, last_call=timedelta(seconds=1)),
+            keep_alive_interval=5,
+            keep_alive_max_attempt=3,
+        )
+
+    try:
+        return time_first_round(size, make_node, timeout, impl)
+    finally:
+        for client in clients:
+            close_store(client)
+
+
 # -- 2. re-rendezvous after kill -9, as processes -------------------------------------
 
 
@@ -606,8 +708,15 @@ def round_metric_name(size: int) -> str:
 KILL_METRIC = f"kill -9 {KILL_VICTIMS} of {KILL_NODES}, re-rendezvous"
 
 
-def new_metrics(sizes: Sequence[int], with_kill: bool) -> dict[str, Metric]:
+def etcd_metric_name(size: int) -> str:
+    return f"first round, {size} nodes, on etcd"
+
+
+def new_metrics(
+    sizes: Sequence[int], with_kill: bool, etcd_sizes: Sequence[int] = ()
+) -> dict[str, Metric]:
     rows = [Metric(round_metric_name(size), "s", "lower") for size in sizes]
+    rows += [Metric(etcd_metric_name(size), "s", "lower") for size in etcd_sizes]
     if with_kill:
         rows.append(Metric(KILL_METRIC, "s", "lower"))
     return {row.name: row for row in rows}
@@ -633,6 +742,8 @@ def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) 
                 return timing.last, note
 
             recorder.measure(name, impl.name, first_round)
+    if args.etcd_sizes:
+        run_etcd(args, recorder)
     if args.no_kill:
         return
     for impl in impls:
@@ -646,6 +757,34 @@ def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) 
             return result.seconds, note
 
         recorder.measure(KILL_METRIC, impl, kill_recovery)
+
+
+def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
+    """The etcd rows: ours on a one-member etcd started here (torch has no v3 backend)."""
+    binary = find_etcd(args.etcd_binary)
+    for size in args.etcd_sizes:
+        name = etcd_metric_name(size)
+        recorder.record(name, "torch", None, "no counterpart (torch's etcd needs the v2 API)", 0.0)
+        if binary is None:
+            recorder.record(name, "ours", None, "skipped: no etcd binary", 0.0)
+    if binary is None:
+        return
+    args.etcd_version = etcd_version(binary)
+    server = EtcdServer(binary)
+    try:
+        for size in args.etcd_sizes:
+
+            def first_round(size: int = size) -> tuple[float, str]:
+                timing = bench_first_round_etcd(size, args.timeout, server.endpoint)
+                note = (
+                    f"(etcd {args.etcd_version}, first return {timing.first:.2f} s, "
+                    f"setup {timing.setup:.1f} s, shutdown {timing.shutdown:.1f} s)"
+                )
+                return timing.last, note
+
+            recorder.measure(etcd_metric_name(size), "ours", first_round)
+    finally:
+        server.stop()
 
 
 def format_table(metrics: Sequence[Metric]) -> str:
@@ -684,7 +823,10 @@ def versions(impls: Sequence[str]) -> dict[str, str]:
     import importlib.metadata
 
     found = {"python": platform.python_version()}
-    wanted = {"ours": ("tp-store", "tp-rdzv-api", "tp-rdzv-dynamic"), "torch": ("torch",)}
+    wanted = {
+        "ours": ("tp-store", "tp-rdzv-api", "tp-rdzv-dynamic", "tp-rdzv-etcd"),
+        "torch": ("torch",),
+    }
     for impl in impls:
         for distribution in wanted[impl]:
             try:
@@ -732,6 +874,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 scenario")
     parser.add_argument(
+        "--etcd-sizes",
+        type=parse_sizes,
+        default=ETCD_SIZES,
+        help="first-round sizes measured on etcd too, ours only "
+        f"(default {','.join(map(str, ETCD_SIZES))})",
+    )
+    parser.add_argument("--no-etcd", action="store_true", help="skip the etcd rows")
+    parser.add_argument("--etcd-binary", help="the etcd server binary (default: etcd on PATH)")
+    parser.add_argument(
         "--timeout",
         type=float,
         default=600.0,
@@ -746,6 +897,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--is-host", choices=("true", "false"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.impls = [args.only] if args.only else list(IMPLS)
+    if args.no_etcd or "ours" not in args.impls:
+        args.etcd_sizes = ()
+    args.etcd_version = None
     return args
 
 
@@ -756,7 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return node_main(args)
     raise_limits()
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    metrics = new_metrics(sizes, with_kill=not args.no_kill)
+    metrics = new_metrics(sizes, with_kill=not args.no_kill, etcd_sizes=args.etcd_sizes)
     started = time.monotonic()
     print(f"running {', '.join(args.impls)} ...", flush=True)
     run_all(args, sizes, Recorder(metrics))
@@ -773,6 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "torch_max_nodes": args.torch_max_nodes,
             "timeout": args.timeout,
             "kill": {"nodes": KILL_NODES, "victims": KILL_VICTIMS, "config": KILL_CONFIG},
+            "etcd": {"sizes": list(args.etcd_sizes), "version": args.etcd_version},
         },
         "seconds": round(time.monotonic() - started, 1),
         "metrics": [

@@ -1,0 +1,117 @@
+"""Registry creator of backend ``etcd``: the dynamic handler on an :class:`EtcdStore`.
+
+The endpoint is a comma-separated list of the cluster's client URLs or
+``host[:port]``s (port 2379 by default). Config keys, besides the dynamic
+backends' (``read_timeout``, ``join_timeout``, ``last_call_timeout``,
+``close_timeout``, ``heartbeat_timeout``, ``keep_alive_interval``,
+``keep_alive_max_attempt``):
+
+- ``etcd_prefix``: where the runs live in etcd (default ``/tp_rdzv``); each run
+  gets ``<etcd_prefix>/<run_id>/``;
+- ``protocol``: ``http`` (default) or ``https``, for endpoints without a scheme;
+- ``cacert``, ``cert``, ``key``: PEM files for TLS (CA bundle, client
+  certificate and its key).
+
+User and password come from the environment only (``TP_RDZV_ETCD_USER`` and
+``TP_RDZV_ETCD_PASSWORD``), never from a command line where ``ps`` shows them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tp_rdzv_api import RendezvousParameters
+from tp_rdzv_api.coercion import to_seconds
+from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
+from tp_rdzv_dynamic.factory import settings_from
+
+from .endpoints import PROTOCOLS, parse_endpoints
+from .store import EtcdStore
+
+USER_ENV = "TP_RDZV_ETCD_USER"
+PASSWORD_ENV = "TP_RDZV_ETCD_PASSWORD"
+DEFAULT_PREFIX = "/tp_rdzv"
+#: As the other dynamic backends: the most one store operation may take.
+DEFAULT_READ_TIMEOUT = 60.0
+
+
+def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
+    """Backend ``etcd``: the dynamic handler on :class:`TpRendezvousBackend` over etcd.
+
+    Raises:
+        ValueError: a malformed endpoint or config value (naming the key).
+    """
+    settings = settings_from(params)
+    store = create_store(params)
+    try:
+        backend = TpRendezvousBackend(store, params.run_id)
+        return DynamicRendezvousHandler(
+            backend=backend,
+            settings=settings,
+            local_addr=params.local_addr,
+            node_rank=params.node_rank,
+            store=store,
+            backend_name="etcd",
+        )
+    except BaseException:
+        store.close()
+        raise
+
+
+def create_store(params: RendezvousParameters) -> EtcdStore:
+    """The :class:`EtcdStore` of the run ``params`` describe, under its own prefix."""
+    protocol = _text(params, "protocol", "http").lower()
+    if protocol not in PROTOCOLS:
+        raise ValueError(
+            f"rendezvous config option 'protocol' must be http or https, got {protocol!r}"
+        )
+    try:
+        endpoints = parse_endpoints(params.endpoint, protocol)
+    except ValueError as exc:
+        raise ValueError(f"rendezvous endpoint {params.endpoint!r}: {exc}") from exc
+    prefix = _text(params, "etcd_prefix", DEFAULT_PREFIX).rstrip("/")
+    if not prefix:
+        raise ValueError("rendezvous config option 'etcd_prefix' must not be empty or '/'")
+    files = {name: _file(params, name) for name in ("cacert", "cert", "key")}
+    if (files["cert"] is None) != (files["key"] is None):
+        raise ValueError("rendezvous config options 'cert' and 'key' go together")
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if (user is None) != (password is None):
+        raise ValueError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
+    raw_timeout = params.get("read_timeout")
+    read_timeout = (
+        DEFAULT_READ_TIMEOUT
+        if raw_timeout is None
+        else to_seconds("read_timeout", raw_timeout).total_seconds()
+    )
+    if read_timeout <= 0:
+        raise ValueError(f"rendezvous config option 'read_timeout' must be > 0, got {raw_timeout}")
+    return EtcdStore(
+        [endpoint.url for endpoint in endpoints],
+        f"{prefix}/{params.run_id}/",
+        read_timeout,
+        protocol=protocol,
+        cacert=files["cacert"],
+        cert=files["cert"],
+        key=files["key"],
+        user=user,
+        password=password,
+    )
+
+
+def _text(params: RendezvousParameters, key: str, default: str) -> str:
+    value = params.get(key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"rendezvous config option {key!r} must be a string, got {value!r}")
+    return value.strip()
+
+
+def _file(params: RendezvousParameters, key: str) -> str | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"rendezvous config option {key!r} must be a file path, got {value!r}")
+    if not os.path.isfile(value.strip()):
+        raise ValueError(f"rendezvous config option {key!r}: no such file {value!r}")
+    return value.strip()

@@ -1,0 +1,343 @@
+"""Requests to etcd's JSON gateway (``/v3/...``), failing over between members.
+
+Every call has a deadline (monotonic seconds). A member that cannot be reached
+is skipped for the next one; a member that answers "unavailable" (no leader,
+leader changed, request timed out: an election is under way) is retried after a
+short back-off, until the deadline. When no member can even be connected to
+for a few passes in a row, the call fails at once: waiting for the deadline
+would not bring a dead cluster back.
+
+A request that was sent but not answered (the member died while handling it)
+may or may not have been applied. Callers say whether a blind retry is safe
+(``retry_ambiguous``); when it is not, :class:`AmbiguousResultError` tells
+them to find out themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ReadTimeoutError,
+    SSLError,
+)
+from urllib3.response import BaseHTTPResponse
+
+from tp_store import StoreConnectionError, StoreError
+
+from .endpoints import Endpoint
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+#: gRPC status codes meaning "not now, ask again" (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED).
+_TRANSIENT_CODES = frozenset({14, 4, 10})
+#: gRPC UNAUTHENTICATED: the auth token expired or was revoked.
+_UNAUTHENTICATED = 16
+#: Passes over every member, all unreachable, before a call gives up early.
+_UNREACHABLE_PASSES = 3
+_FIRST_BACKOFF = 0.05
+_MAX_BACKOFF = 0.5
+#: Connections kept per member: a handle's heartbeat thread and its caller at once.
+_POOL_SIZE = 4
+# Ask the member to cancel a watch when it loses its leader, so a watcher on a
+# member cut off from the quorum finds a working one instead of hearing nothing.
+_REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
+
+
+class AmbiguousResultError(StoreConnectionError):
+    """A request was sent but its answer was lost: it may or may not have been applied."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """What an ``https`` connection verifies and presents (PEM file paths)."""
+
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+class _Unavailable(Exception):
+    """One member could not serve one request; the call may go on elsewhere."""
+
+    def __init__(self, message: str, *, reached: bool, ambiguous: bool) -> None:
+        super().__init__(message)
+        self.reached = reached  # the member was connected to
+        self.ambiguous = ambiguous  # the request may have been applied
+
+
+class EtcdGateway:
+    """A thread-safe client of the members' JSON gateways, with failover.
+
+    Args:
+        endpoints: the members, tried in order; the one that last answered is tried first.
+        tls: certificates for ``https`` members.
+        credentials: ``(user, password)`` when the cluster has authentication on.
+        attempt_timeout: the most one request to one member may take before
+            the next member is asked (a call's deadline still bounds it).
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        tls: TlsFiles | None = None,
+        credentials: tuple[str, str] | None = None,
+        attempt_timeout: float = 10.0,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("an etcd gateway needs at least one endpoint")
+        self.endpoints = tuple(endpoints)
+        self._credentials = credentials
+        self._attempt_timeout = attempt_timeout
+        tls = tls or TlsFiles()
+        self._pool = urllib3.PoolManager(
+            num_pools=len(self.endpoints) + 1,
+            maxsize=_POOL_SIZE,
+            retries=False,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=tls.cacert,
+            cert_file=tls.cert,
+            key_file=tls.key,
+        )
+        self._lock = threading.Lock()
+        self._current = 0
+        self._token: str | None = None
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._pool.clear()
+
+    # -- unary calls -------------------------------------------------------------
+    def call(self, path: str, body: Json, deadline: float, *, retry_ambiguous: bool = True) -> Json:
+        """POST ``body`` to ``path`` on a member that can serve it; its JSON answer.
+
+        Raises:
+            AmbiguousResultError: the answer was lost and ``retry_ambiguous`` is false.
+            StoreConnectionError: no member served the request before ``deadline``.
+            StoreError: a member rejected the request (a bad request, no permission).
+        """
+        payload = json.dumps(body).encode()
+        backoff = _FIRST_BACKOFF
+        unreachable_passes = 0
+        last = "no attempt"
+        while True:
+            reached_any = False
+            for endpoint in self._rotation():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._gave_up(path, f"no answer before the deadline ({last})")
+                try:
+                    answer = self._post(endpoint, path, payload, remaining)
+                except _Unavailable as exc:
+                    last = f"{endpoint}: {exc}"
+                    reached_any = reached_any or exc.reached
+                    if exc.ambiguous and not retry_ambiguous:
+                        raise AmbiguousResultError(
+                            f"etcd {path}: {last}", endpoint.host, endpoint.port
+                        ) from exc
+                    log.debug("etcd %s failed on %s: %s", path, endpoint, exc)
+                    continue
+                self._prefer(endpoint)
+                return answer
+            unreachable_passes = 0 if reached_any else unreachable_passes + 1
+            if unreachable_passes >= _UNREACHABLE_PASSES:
+                raise self._gave_up(path, f"no member can be reached ({last})")
+            pause = min(backoff, deadline - time.monotonic())
+            if pause > 0:
+                time.sleep(pause)  # an election is under way, or members are restarting
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _gave_up(self, path: str, why: str) -> StoreConnectionError:
+        members = ", ".join(map(str, self.endpoints))
+        first = self.endpoints[0]
+        return StoreConnectionError(
+            f"etcd ({members}) did not serve {path}: {why}", first.host, first.port
+        )
+
+    def _rotation(self) -> list[Endpoint]:
+        with self._lock:
+            start = self._current
+        return [*self.endpoints[start:], *self.endpoints[:start]]
+
+    def _prefer(self, endpoint: Endpoint) -> None:
+        with self._lock:
+            self._current = self.endpoints.index(endpoint)
+
+    def _post(self, endpoint: Endpoint, path: str, payload: bytes, remaining: float) -> Json:
+        response = self._send(endpoint, path, payload, remaining, stream=False)
+        if response.status == 200:
+            return _decode(response.data, endpoint, path)
+        error = _decode_error(response.data)
+        if error.get("code") == _UNAUTHENTICATED and self._credentials is not None:
+            self._authenticate(endpoint, remaining, stale=True)
+            return self._post_once_more(endpoint, path, payload, remaining)
+        raise _failure(endpoint, path, response.status, error)
+
+    def _post_once_more(
+        self, endpoint: Endpoint, path: str, payload: bytes, remaining: float
+    ) -> Json:
+        response = self._send(endpoint, path, payload, remaining, stream=False)
+        if response.status == 200:
+            return _decode(response.data, endpoint, path)
+        raise _failure(endpoint, path, response.status, _decode_error(response.data))
+
+    # -- watches -----------------------------------------------------------------
+    def open_watch(self, create_request: Json, deadline: float) -> BaseHTTPResponse | None:
+        """A streaming ``/v3/watch`` response on some member; ``None`` at the deadline.
+
+        The caller reads newline-delimited JSON from it and must ``close()`` it.
+        Raises ``StoreConnectionError`` when no member can be reached.
+        """
+        payload = json.dumps({"create_request": create_request}).encode()
+        unreachable_passes = 0
+        backoff = _FIRST_BACKOFF
+        last = "no attempt"
+        while True:
+            reached_any = False
+            for endpoint in self._rotation():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    response = self._send(endpoint, "/v3/watch", payload, remaining, stream=True)
+                except _Unavailable as exc:
+                    last = f"{endpoint}: {exc}"
+                    reached_any = reached_any or exc.reached
+                    continue
+                if response.status == 200:
+                    self._prefer(endpoint)
+                    return response
+                error = _decode_error(response.read())
+                response.close()
+                if error.get("code") == _UNAUTHENTICATED and self._credentials is not None:
+                    self._authenticate(endpoint, remaining, stale=True)
+                    reached_any = True
+                    continue
+                failure = _failure(endpoint, "/v3/watch", response.status, error)
+                if isinstance(failure, StoreError):
+                    raise failure
+                last = f"{endpoint}: {failure}"
+                reached_any = True
+            unreachable_passes = 0 if reached_any else unreachable_passes + 1
+            if unreachable_passes >= _UNREACHABLE_PASSES:
+                raise self._gave_up("/v3/watch", f"no member can be reached ({last})")
+            pause = min(backoff, deadline - time.monotonic())
+            if pause > 0:
+                time.sleep(pause)
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    # -- one request to one member -------------------------------------------------
+    def _send(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        payload: bytes,
+        remaining: float,
+        *,
+        stream: bool,
+        authorize: bool = True,
+    ) -> BaseHTTPResponse:
+        if authorize and self._credentials is not None and self._token is None:
+            self._authenticate(endpoint, remaining, stale=False)
+        headers = {"Content-Type": "application/json"}
+        if stream:
+            headers.update(_REQUIRE_LEADER)
+        token = self._token if authorize else None
+        if token is not None:
+            headers["Authorization"] = token
+        attempt = min(remaining, self._attempt_timeout)
+        # A watch waits for events until the caller's deadline; a unary call
+        # gives up on this member after one attempt's time.
+        timeout = urllib3.Timeout(connect=attempt, read=remaining if stream else attempt)
+        try:
+            return self._pool.request(
+                "POST",
+                endpoint.url + path,
+                body=payload,
+                headers=headers,
+                timeout=timeout,
+                preload_content=not stream,
+                redirect=False,
+            )
+        except (NewConnectionError, ConnectTimeoutError) as exc:
+            # Nothing was sent: any request may go elsewhere.
+            raise _Unavailable(f"cannot connect: {exc}", reached=False, ambiguous=False) from exc
+        except SSLError as exc:
+            raise StoreConnectionError(
+                f"etcd {endpoint}: TLS failed: {exc}", endpoint.host, endpoint.port
+            ) from exc
+        except ReadTimeoutError as exc:
+            raise _Unavailable(
+                f"no answer in {attempt:.1f} s", reached=True, ambiguous=True
+            ) from exc
+        except HTTPError as exc:
+            # The connection broke after the request went out.
+            raise _Unavailable(f"connection lost: {exc}", reached=True, ambiguous=True) from exc
+
+    def _authenticate(self, endpoint: Endpoint, remaining: float, *, stale: bool) -> None:
+        """Get an auth token for ``credentials`` (a new one if ``stale``)."""
+        assert self._credentials is not None
+        with self._lock:
+            if self._token is not None and not stale:
+                return
+            self._token = None
+        user, password = self._credentials
+        payload = json.dumps({"name": user, "password": password}).encode()
+        response = self._send(
+            endpoint, "/v3/auth/authenticate", payload, remaining, stream=False, authorize=False
+        )
+        if response.status != 200:
+            error = _decode_error(response.data)
+            raise StoreConnectionError(
+                f"etcd {endpoint}: authentication of user {user!r} failed: "
+                f"{error.get('message') or response.status}",
+                endpoint.host,
+                endpoint.port,
+            )
+        token = _decode(response.data, endpoint, "/v3/auth/authenticate").get("token")
+        if not isinstance(token, str) or not token:
+            raise StoreError(f"etcd {endpoint}: authentication returned no token")
+        with self._lock:
+            self._token = token
+
+
+def _decode(data: bytes, endpoint: Endpoint, path: str) -> Json:
+    try:
+        answer = json.loads(data)
+    except ValueError as exc:
+        raise StoreError(f"etcd {endpoint} answered {path} with non-JSON {data[:80]!r}") from exc
+    if not isinstance(answer, dict):
+        raise StoreError(f"etcd {endpoint} answered {path} with {data[:80]!r}")
+    return answer
+
+
+def _decode_error(data: bytes) -> Json:
+    try:
+        error = json.loads(data)
+    except ValueError:
+        return {"message": data[:200].decode("utf-8", "replace")}
+    return error if isinstance(error, dict) else {"message": str(error)[:200]}
+
+
+def _failure(endpoint: Endpoint, path: str, status: int, error: Json) -> Exception:
+    """The exception for an error answer: ``_Unavailable`` if another try may work."""
+    message = error.get("message") or error.get("error") or f"HTTP {status}"
+    code = error.get("code")
+    if code in _TRANSIENT_CODES or (code is None and status >= 500):
+        # The member was reached but cannot serve now; a write it accepted may
+        # still be committed by the next leader.
+        return _Unavailable(f"unavailable: {message}", reached=True, ambiguous=True)
+    return StoreError(f"etcd {endpoint} rejected {path}: {message} (code {code}, HTTP {status})")

@@ -1,0 +1,84 @@
+"""Where a store key's data lives in etcd's flat key space.
+
+Every store key ``k`` owns the etcd range ``<prefix><escaped k>/``:
+
+- ``<prefix><escaped k>/v`` holds its value;
+- ``<prefix><escaped k>/q/<random id>`` holds one queued value each, oldest
+  first by etcd's ``create_revision``.
+
+The escaping removes every ``/`` from ``k``, so the range of one key never
+contains the range of another; one etcd range (or one watch) therefore covers
+"``k`` has a value or a non-empty queue", which is what ``wait`` and ``check``
+mean by "exists".
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import uuid
+
+_ESCAPED = re.compile(rb"%(25|2F)")
+_UNESCAPE = {b"25": b"%", b"2F": b"/"}
+_VALUE = b"v"
+_QUEUE = b"q/"
+
+
+def escape(key: bytes) -> bytes:
+    """``key`` without ``/`` (and with ``%`` escaped, so the escaping can be undone)."""
+    return key.replace(b"%", b"%25").replace(b"/", b"%2F")
+
+
+def unescape(escaped: bytes) -> bytes:
+    """The key :func:`escape` turned into ``escaped``."""
+    return _ESCAPED.sub(lambda match: _UNESCAPE[match.group(1)], escaped)
+
+
+def range_end(prefix: bytes) -> bytes:
+    """The etcd ``range_end`` that makes a request cover every key starting with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return b"\x00"  # etcd's "to the end of the key space"
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def b64(raw: bytes) -> str:
+    """``raw`` as the gateway's JSON carries bytes."""
+    return base64.b64encode(raw).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    """The bytes a gateway JSON string carries."""
+    return base64.b64decode(text)
+
+
+class KeyLayout:
+    """The etcd keys of the store keys under one prefix."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.prefix = prefix
+
+    def home(self, key: bytes) -> bytes:
+        """The range owned by ``key``: its value and its queue."""
+        return self.prefix + escape(key) + b"/"
+
+    def value(self, key: bytes) -> bytes:
+        """The etcd key holding the value of ``key``."""
+        return self.home(key) + _VALUE
+
+    def queue(self, key: bytes) -> bytes:
+        """The range holding the queued values of ``key``."""
+        return self.home(key) + _QUEUE
+
+    def new_queue_item(self, key: bytes) -> bytes:
+        """A fresh etcd key for one value pushed onto the queue of ``key``."""
+        return self.queue(key) + uuid.uuid4().hex.encode()
+
+    def store_key(self, etcd_key: bytes) -> bytes | None:
+        """The store key whose value ``etcd_key`` holds; ``None`` for anything else."""
+        if not etcd_key.startswith(self.prefix) or not etcd_key.endswith(b"/" + _VALUE):
+            return None
+        escaped = etcd_key[len(self.prefix) : -len(_VALUE) - 1]
+        if b"/" in escaped:
+            return None  # a queue item whose id happens to end in /v (ours never do)
+        return unescape(escaped)

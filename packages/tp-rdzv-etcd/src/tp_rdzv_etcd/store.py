@@ -1,0 +1,587 @@
+"""``EtcdStore``: a ``tp_store.Store`` on etcd's v3 API, through its JSON gateway.
+
+How each operation maps onto etcd (the key layout is in :mod:`.layout`):
+
+- ``set``/``multi_set`` are puts (one transaction for many keys); ``get``,
+  ``wait_get``, ``wait`` and blocking ``queue_pop`` read, and when what they
+  need is missing, watch from the revision right after that read, so no write
+  in between is missed; nothing polls.
+- ``add``, ``append`` and ``compare_set`` are transactions: ``add``/``append``
+  compare the key's ``mod_revision`` with the one they read (and retry when
+  someone wrote in between), ``compare_set`` compares the value itself.
+- A queue is one etcd key per value; ``queue_pop`` deletes the oldest by
+  ``create_revision`` with a transaction on its ``mod_revision``, so two
+  poppers never both get it. A handle fetches the oldest values in batches and
+  pops them in order, which keeps a pop O(1) on a queue of thousands.
+
+When a member dies while answering, the request may or may not have been
+applied (see :mod:`.gateway`). ``set``, ``multi_set``, ``compare_set`` and
+reads are retried blindly: applying them twice is applying them once. A pop
+whose answer was lost checks whether its value is gone and, if so, returns it
+(a value is never lost; it could be delivered twice only if another popper
+took it in that instant). ``add`` and ``append`` check whether the key moved
+since their read: if not, they retry; if it now holds exactly what they wrote,
+it was their write; otherwise they retry on top, which may apply them twice.
+A push that is retried could leave its value twice only if the first copy was
+popped in between. ``delete_key`` retried after its delete went through
+reports ``False``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import operator
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from urllib3.exceptions import HTTPError, ReadTimeoutError
+
+from tp_store import QueueEmptyError, Store
+from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes
+from tp_store.semantics import counter_after_add, key_text, timeout_error
+
+from .endpoints import Endpoint, parse_endpoints
+from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
+from .layout import KeyLayout, b64, range_end, unb64
+
+#: etcd's default limit of operations in one transaction (``--max-txn-ops``).
+MAX_TXN_OPS = 128
+#: How many of a queue's oldest values one read fetches for the pops that follow.
+_POP_BATCH = 64
+#: Back-off after losing a race for a key: random, up to this unit x 2^losses, at most the cap.
+_BACKOFF_UNIT = 0.001
+_MAX_BACKOFF = 0.05
+#: The most counters a handle remembers the last revision of.
+_MAX_REMEMBERED = 4096
+
+_Item = tuple[bytes, int, bytes]  # (etcd key, mod_revision, value) of one queued value
+
+
+def _revision(answer: Json) -> int:
+    return int(answer.get("header", {}).get("revision", 0))
+
+
+def _kv(kv: Json) -> tuple[bytes, int, bytes]:
+    """``(key, mod_revision, value)`` of a key-value of a gateway answer."""
+    return unb64(kv["key"]), int(kv.get("mod_revision", 0)), unb64(kv.get("value", ""))
+
+
+def _first_kv(answer: Json) -> Json | None:
+    kvs = answer.get("kvs")
+    return kvs[0] if kvs else None
+
+
+def _back_off(conflicts: int) -> None:
+    """Wait a random while after losing ``conflicts`` races in a row for one key.
+
+    Contenders that retried at once would mostly lose again, each loss a
+    round trip through raft; spreading them out lets one win per round.
+    """
+    time.sleep(random.uniform(0, min(_MAX_BACKOFF, _BACKOFF_UNIT * 2**conflicts)))
+
+
+def _put(key: bytes, value: bytes) -> Json:
+    return {"request_put": {"key": b64(key), "value": b64(value)}}
+
+
+def _get(key: bytes) -> Json:
+    return {"request_range": {"key": b64(key)}}
+
+
+class EtcdStore(Store):
+    """A store whose data lives in an etcd cluster (v3 API, etcd 3.4 or later).
+
+    Every key lives under ``prefix`` (give each run its own). Handles are
+    thread-safe; ``clone()`` opens another one with its own connections.
+
+    Args:
+        endpoints: the members' client URLs or ``host[:port]``s, as a list or
+            comma-separated; requests go to the first that answers, and move
+            to the next member when one fails.
+        prefix: where this store's keys live in etcd.
+        timeout: the default timeout of blocking operations, and the most any
+            other operation may take while members fail over.
+        protocol: ``http`` or ``https``, for endpoints given without a scheme.
+        cacert: the CA bundle that verifies ``https`` members (default: the system's).
+        cert: a client certificate to present (PEM), with ``key``.
+        key: the private key of ``cert``.
+        user: the etcd user, when the cluster has authentication on.
+        password: that user's password.
+        attempt_timeout: the most one request to one member may take before
+            the next member is asked.
+
+    Raises:
+        ValueError: malformed endpoints, an empty prefix, a lone ``cert``/``key``
+            or a ``user`` without ``password``.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        prefix: str | bytes = "/tp_store/",
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        *,
+        protocol: str = "http",
+        cacert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        attempt_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(timeout)
+        self._endpoints: tuple[Endpoint, ...] = parse_endpoints(endpoints, protocol)
+        raw_prefix = as_bytes(prefix, "prefix")
+        if not raw_prefix:
+            raise ValueError("an EtcdStore prefix must not be empty (it scopes every key)")
+        if (cert is None) != (key is None):
+            raise ValueError("an EtcdStore client certificate needs both cert and key")
+        if (user is None) != (password is None):
+            raise ValueError("an EtcdStore user needs a password (and a password a user)")
+        if not attempt_timeout > 0:
+            raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout!r}")
+        self._options: dict[str, Any] = {
+            "protocol": protocol,
+            "cacert": cacert,
+            "cert": cert,
+            "key": key,
+            "user": user,
+            "password": password,
+            "attempt_timeout": attempt_timeout,
+        }
+        self._layout = KeyLayout(raw_prefix)
+        self._gateway = EtcdGateway(
+            self._endpoints,
+            tls=TlsFiles(cacert, cert, key),
+            credentials=None if user is None or password is None else (user, password),
+            attempt_timeout=attempt_timeout,
+        )
+        self._lock = threading.Lock()
+        # The last (mod_revision, value) this handle saw of a counter: a node's
+        # own heartbeat counter then costs one transaction per add.
+        self._seen: dict[bytes, tuple[int, bytes | None]] = {}
+        # The oldest values of each queue, fetched in one read, popped in order.
+        self._batches: dict[bytes, collections.deque[_Item]] = {}
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The members' client URLs."""
+        return tuple(endpoint.url for endpoint in self._endpoints)
+
+    @property
+    def prefix(self) -> bytes:
+        """Where this store's keys live in etcd."""
+        return self._layout.prefix
+
+    def clone(self) -> EtcdStore:
+        """A new handle on the same keys, with connections of its own."""
+        return EtcdStore(
+            [endpoint.url for endpoint in self._endpoints],
+            self._layout.prefix,
+            self.timeout,
+            **self._options,
+        )
+
+    def close(self) -> None:
+        """Close this handle's connections."""
+        self._gateway.close()
+
+    def __repr__(self) -> str:
+        return f"EtcdStore({','.join(self.endpoints)!r}, prefix={self.prefix!r})"
+
+    # -- requests ---------------------------------------------------------------
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout.total_seconds()
+
+    def _call(self, path: str, body: Json, *, retry_ambiguous: bool = True) -> Json:
+        return self._gateway.call(path, body, self._deadline(), retry_ambiguous=retry_ambiguous)
+
+    def _range(self, key: bytes, end: bytes | None = None, **options: Any) -> Json:
+        body: Json = {"key": b64(key), **options}
+        if end is not None:
+            body["range_end"] = b64(end)
+        return self._call("/v3/kv/range", body)
+
+    def _txn(
+        self,
+        compare: list[Json],
+        success: list[Json],
+        failure: list[Json] | None = None,
+        *,
+        retry_ambiguous: bool = True,
+    ) -> Json:
+        body = {"compare": compare, "success": success, "failure": failure or []}
+        return self._call("/v3/kv/txn", body, retry_ambiguous=retry_ambiguous)
+
+    def _read_value(self, etcd_key: bytes) -> tuple[int, bytes | None]:
+        kv = _first_kv(self._range(etcd_key))
+        if kv is None:
+            return 0, None
+        _, mod_revision, value = _kv(kv)
+        return mod_revision, value
+
+    # -- values -----------------------------------------------------------------
+    def set(self, key: Data, value: Data) -> None:
+        """Store ``value`` under ``key``, waking anyone waiting for it."""
+        etcd_key = self._layout.value(as_bytes(key, "key"))
+        self._call("/v3/kv/put", {"key": b64(etcd_key), "value": b64(as_bytes(value))})
+
+    def get(self, key: Data) -> bytes:
+        """Return the value of ``key``, waiting up to the default timeout for it."""
+        return self.wait_get(key)
+
+    def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` (default: the store's) for it."""
+        raw_key = as_bytes(key, "key")
+        seconds = self._deadline_seconds(timeout)
+        deadline = time.monotonic() + seconds
+        etcd_key = self._layout.value(raw_key)
+        while True:
+            answer = self._range(etcd_key)
+            kv = _first_kv(answer)
+            if kv is not None:
+                return _kv(kv)[2]
+            events = self._await_put(etcd_key, None, _revision(answer) + 1, deadline)
+            if events is None:
+                raise timeout_error([raw_key], seconds)
+            for event in events:
+                kv = event.get("kv")
+                if kv is not None and unb64(kv["key"]) == etcd_key:
+                    return _kv(kv)[2]
+
+    def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
+        """The values of all ``keys``, waiting for all of them to exist."""
+        self.wait(keys)
+        raw_keys = [as_bytes(key, "key") for key in keys]
+        values: list[bytes] = []
+        for start in range(0, len(raw_keys), MAX_TXN_OPS):
+            chunk = raw_keys[start : start + MAX_TXN_OPS]
+            answer = self._txn([], [_get(self._layout.value(key)) for key in chunk])
+            for key, response in zip(chunk, answer.get("responses", []), strict=True):
+                kv = _first_kv(response.get("response_range", {}))
+                # Only a queue, or deleted since the wait: wait for a value as get() does.
+                values.append(self.get(key) if kv is None else _kv(kv)[2])
+        return values
+
+    def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
+        """Set every key to its value, ``MAX_TXN_OPS`` keys per transaction."""
+        if len(keys) != len(values):
+            raise ValueError(
+                f"multi_set needs as many values as keys, got {len(keys)} keys "
+                f"and {len(values)} values"
+            )
+        puts = [
+            _put(self._layout.value(as_bytes(key, "key")), as_bytes(value))
+            for key, value in zip(keys, values, strict=True)
+        ]
+        for start in range(0, len(puts), MAX_TXN_OPS):
+            self._txn([], puts[start : start + MAX_TXN_OPS])
+
+    def add(self, key: Data, amount: int) -> int:
+        """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
+        raw_key = as_bytes(key, "key")
+        amount = operator.index(amount)
+
+        def added(value: bytes | None) -> bytes:
+            return str(counter_after_add(raw_key, value, amount)).encode()
+
+        if amount == 0:
+            # A read, unless the key is missing: then it is created as "0".
+            etcd_key = self._layout.value(raw_key)
+            value = self._read_value(etcd_key)[1]
+            if value is not None:
+                return int(added(value))
+        return int(self._update(raw_key, added))
+
+    def append(self, key: Data, value: Data) -> None:
+        """Append ``value`` to the value of ``key``, creating it if missing."""
+        tail = as_bytes(value)
+        self._update(as_bytes(key, "key"), lambda current: (current or b"") + tail)
+
+    def _update(self, raw_key: bytes, change: Callable[[bytes | None], bytes]) -> bytes:
+        """Replace the value of ``raw_key`` by ``change(value)`` atomically; the new value."""
+        etcd_key = self._layout.value(raw_key)
+        with self._lock:
+            seen = self._seen.get(etcd_key)
+        if seen is None:
+            seen = self._read_value(etcd_key)
+        conflicts = 0
+        while True:
+            mod_revision, current = seen
+            desired = change(current)
+            compare = {
+                "key": b64(etcd_key),
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": str(mod_revision),
+            }
+            try:
+                answer = self._txn(
+                    [compare], [_put(etcd_key, desired)], [_get(etcd_key)], retry_ambiguous=False
+                )
+            except AmbiguousResultError:
+                now = self._read_value(etcd_key)
+                if now[0] != mod_revision and now[1] == desired:
+                    self._remember(etcd_key, now)
+                    return desired  # the write that moved the key was this one
+                seen = now
+                continue
+            if answer.get("succeeded"):
+                self._remember(etcd_key, (_revision(answer), desired))
+                return desired
+            kv = _first_kv(answer["responses"][0].get("response_range", {}))
+            seen = (0, None) if kv is None else _kv(kv)[1:]
+            conflicts += 1
+            _back_off(conflicts)
+
+    def _remember(self, etcd_key: bytes, seen: tuple[int, bytes | None]) -> None:
+        with self._lock:
+            if len(self._seen) >= _MAX_REMEMBERED:
+                self._seen.clear()
+            self._seen[etcd_key] = seen
+
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """Set ``key`` to ``desired`` iff it holds ``expected``; return the value after.
+
+        A missing key with an empty ``expected`` is created; a missing key with
+        a non-empty ``expected`` is left missing and ``expected`` is returned.
+        """
+        raw_key = as_bytes(key, "key")
+        raw_expected, raw_desired = as_bytes(expected, "expected"), as_bytes(desired, "desired")
+        etcd_key = self._layout.value(raw_key)
+        while True:
+            if raw_expected == raw_desired:
+                # Nothing to change unless the key must be created: a read.
+                answer = self._range(etcd_key)
+            else:
+                answer = self._txn(
+                    [
+                        {
+                            "key": b64(etcd_key),
+                            "target": "VALUE",
+                            "result": "EQUAL",
+                            "value": b64(raw_expected),
+                        }
+                    ],
+                    [_put(etcd_key, raw_desired)],
+                    [_get(etcd_key)],
+                )
+                if answer.get("succeeded"):
+                    return raw_desired
+                answer = answer["responses"][0].get("response_range", {})
+            kv = _first_kv(answer)
+            if kv is not None:
+                return _kv(kv)[2]
+            if raw_expected:
+                return raw_expected
+            created = self._txn(
+                [
+                    {
+                        "key": b64(etcd_key),
+                        "target": "CREATE",
+                        "result": "EQUAL",
+                        "create_revision": "0",
+                    }
+                ],
+                [_put(etcd_key, raw_desired)],
+            )
+            if created.get("succeeded"):
+                return raw_desired
+            # Created by someone else in between: decide again on their value.
+
+    def delete_key(self, key: Data) -> bool:
+        """Delete ``key``; return whether it existed."""
+        etcd_key = self._layout.value(as_bytes(key, "key"))
+        answer = self._call("/v3/kv/deleterange", {"key": b64(etcd_key)})
+        with self._lock:
+            self._seen.pop(etcd_key, None)
+        return int(answer.get("deleted", 0)) > 0
+
+    # -- existence ----------------------------------------------------------------
+    def _missing(self, raw_keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
+        """The keys with neither a value nor a queued value, each with the revision read."""
+        missing: list[tuple[bytes, int]] = []
+        for start in range(0, len(raw_keys), MAX_TXN_OPS):
+            chunk = raw_keys[start : start + MAX_TXN_OPS]
+            reads = []
+            for key in chunk:
+                home = self._layout.home(key)
+                reads.append(
+                    {
+                        "request_range": {
+                            "key": b64(home),
+                            "range_end": b64(range_end(home)),
+                            "limit": 1,
+                            "keys_only": True,
+                        }
+                    }
+                )
+            answer = self._txn([], reads)
+            revision = _revision(answer)
+            for key, response in zip(chunk, answer.get("responses", []), strict=True):
+                if not response.get("response_range", {}).get("kvs"):
+                    missing.append((key, revision))
+        return missing
+
+    def check(self, keys: Sequence[Data]) -> bool:
+        """Whether every key has a value or a non-empty queue, without blocking."""
+        return not self._missing([as_bytes(key, "key") for key in keys])
+
+    def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
+        """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
+        raw_keys = [as_bytes(key, "key") for key in keys]
+        seconds = self._deadline_seconds(timeout)
+        deadline = time.monotonic() + seconds
+        while True:
+            missing = self._missing(raw_keys)
+            if not missing:
+                return
+            key, revision = missing[0]
+            home = self._layout.home(key)
+            if self._await_put(home, range_end(home), revision + 1, deadline) is None:
+                raise timeout_error([key for key, _ in missing], seconds)
+
+    def _await_put(
+        self, key: bytes, end: bytes | None, start_revision: int, deadline: float
+    ) -> list[Json] | None:
+        """The first puts on ``key`` (or ``[key, end)``) from ``start_revision`` on.
+
+        ``None`` once ``deadline`` passes; ``[]`` if the watch ended early (a
+        member died or cancelled it): the caller reads again and re-watches.
+        """
+        request: Json = {
+            "key": b64(key),
+            "start_revision": str(start_revision),
+            "filters": ["NODELETE"],
+        }
+        if end is not None:
+            request["range_end"] = b64(end)
+        response = self._gateway.open_watch(request, deadline)
+        if response is None:
+            return None
+        pending = b""
+        try:
+            for chunk in response.stream(65536):
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    result = json.loads(line).get("result")
+                    if not isinstance(result, dict) or result.get("canceled"):
+                        return []  # an error, a compaction, a member without a leader
+                    events = result.get("events")
+                    if events:
+                        return list(events)
+        except ReadTimeoutError:
+            return None if time.monotonic() >= deadline - 0.01 else []
+        except (HTTPError, OSError, ValueError):
+            return []
+        finally:
+            response.close()
+            response.release_conn()
+        return []
+
+    # -- listing ----------------------------------------------------------------
+    def _value_keys(self) -> list[bytes]:
+        prefix = self._layout.prefix
+        answer = self._range(prefix, range_end(prefix), keys_only=True)
+        found = (self._layout.store_key(unb64(kv["key"])) for kv in answer.get("kvs", []))
+        return [key for key in found if key is not None]
+
+    def num_keys(self) -> int:
+        """The number of keys with a value under this store's prefix (queues are not keys)."""
+        return len(self._value_keys())
+
+    def list_keys(self) -> list[str]:
+        """The keys with a value under this store's prefix, as ``str``."""
+        return [key_text(key) for key in self._value_keys()]
+
+    # -- queues -----------------------------------------------------------------
+    def queue_push(self, key: Data, value: Data) -> None:
+        """Push ``value`` onto the queue at ``key``, waking the blocked poppers."""
+        item = self._layout.new_queue_item(as_bytes(key, "key"))
+        self._call("/v3/kv/put", {"key": b64(item), "value": b64(as_bytes(value))})
+
+    def queue_len(self, key: Data) -> int:
+        """The number of values in the queue at ``key``."""
+        queue = self._layout.queue(as_bytes(key, "key"))
+        answer = self._range(queue, range_end(queue), count_only=True)
+        return int(answer.get("count", 0))
+
+    def queue_pop(self, key: Data, block: bool = True) -> bytes:
+        """Pop the oldest value of the queue at ``key``.
+
+        With ``block`` it waits up to the default timeout (``StoreTimeoutError``);
+        without, an empty queue raises ``QueueEmptyError``.
+        """
+        raw_key = as_bytes(key, "key")
+        seconds = self._deadline_seconds(None)
+        deadline = time.monotonic() + seconds
+        queue = self._layout.queue(raw_key)
+        while True:
+            item, revision = self._oldest(queue)
+            if item is None:
+                if not block:
+                    raise QueueEmptyError(f"queue {key_text(raw_key)!r} is empty")
+                if self._await_put(queue, range_end(queue), revision + 1, deadline) is None:
+                    raise timeout_error([raw_key], seconds, "a value in queue")
+                continue
+            item_key, mod_revision, value = item
+            compare = {
+                "key": b64(item_key),
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": str(mod_revision),
+            }
+            try:
+                answer = self._txn(
+                    [compare],
+                    [{"request_delete_range": {"key": b64(item_key)}}],
+                    retry_ambiguous=False,
+                )
+            except AmbiguousResultError:
+                if self._read_value(item_key)[1] is not None:
+                    continue  # not deleted: pop it again
+                answer = {"succeeded": True}  # gone: this pop took it
+            self._forget(queue, item)
+            if answer.get("succeeded"):
+                return value
+
+    def _oldest(self, queue: bytes) -> tuple[_Item | None, int]:
+        """The oldest value of ``queue`` not known to be popped, and the revision read.
+
+        A batch read returns the oldest values in order; any value it did not
+        return is newer than all it did, so they are popped in order first.
+        """
+        with self._lock:
+            batch = self._batches.get(queue)
+            if batch:
+                return batch[0], 0
+        answer = self._range(
+            queue,
+            range_end(queue),
+            limit=_POP_BATCH,
+            sort_order="ASCEND",
+            sort_target="CREATE",
+        )
+        items = [_kv(kv) for kv in answer.get("kvs", [])]
+        if not items:
+            return None, _revision(answer)
+        with self._lock:
+            self._batches[queue] = collections.deque(items)
+        return items[0], 0
+
+    def _forget(self, queue: bytes, item: _Item) -> None:
+        with self._lock:
+            batch = self._batches.get(queue)
+            if batch and batch[0] == item:
+                batch.popleft()
+            elif batch and item in batch:
+                batch.remove(item)
+            if not batch:
+                self._batches.pop(queue, None)

@@ -1,0 +1,75 @@
+"""Failover between members, the registry entry, and a store with nobody to talk to."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from etcd_cluster import Cluster, MakeCluster, free_ports
+
+from tp_rdzv_api import RendezvousParameters, create_handler
+from tp_rdzv_etcd import EtcdStore
+from tp_store import StoreConnectionError
+
+pytestmark = pytest.mark.etcd
+
+
+def _prefix() -> str:
+    return f"/failover/{uuid.uuid4().hex}/"
+
+
+def test_a_dead_first_member_is_skipped(etcd1: Cluster) -> None:
+    (dead,) = free_ports(1)
+    with EtcdStore(f"127.0.0.1:{dead},{etcd1.endpoints}", _prefix(), timeout=10) as store:
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        assert store.add("n", 2) == 2
+
+
+def test_nobody_listening_fails_fast() -> None:
+    ports = free_ports(3)
+    endpoints = ",".join(f"127.0.0.1:{port}" for port in ports)
+    with EtcdStore(endpoints, _prefix(), timeout=30) as store:
+        started = time.monotonic()
+        with pytest.raises(StoreConnectionError):
+            store.get("k")
+        assert time.monotonic() - started < 5
+
+
+def test_ops_and_waits_survive_the_leader(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.leader()
+    others = [member for member in cluster.members if member is not leader]
+    endpoints = ",".join(member.client_url for member in [leader, *others])
+    prefix = _prefix()
+    with EtcdStore(endpoints, prefix, timeout=30) as store, store.clone() as waiter:
+        store.set("before", "1")
+        got: list[bytes] = []
+        blocked = threading.Thread(target=lambda: got.append(waiter.wait_get("after", 30)))
+        blocked.start()
+        for _ in range(20):
+            store.add("counter", 1)
+        killed = time.monotonic()
+        leader.kill()
+        for _ in range(20):
+            store.add("counter", 1)
+        store.set("after", "2")
+        blocked.join(30)
+        assert got == [b"2"], "the waiter did not see the write after the leader died"
+        assert time.monotonic() - killed < 15
+        # A new leader answered; counted at least once each (see the store's docstring).
+        assert int(store.get("counter")) >= 40
+        assert store.get("before") == b"1"
+
+
+def test_the_registry_builds_an_etcd_handler(etcd1: Cluster) -> None:
+    params = RendezvousParameters("etcd", etcd1.endpoints, "reg-run", 1, 1, read_timeout=10)
+    handler = create_handler(params)
+    try:
+        assert handler.get_backend() == "etcd"
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+    finally:
+        handler.shutdown()

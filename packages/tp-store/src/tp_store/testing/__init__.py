@@ -1,0 +1,1 @@
+"""Test helpers for stores: the Store contract suite (needs pytest)."""
