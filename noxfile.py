@@ -49,8 +49,15 @@ def _local(*names: str, extras: str = "") -> list[str]:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and mypy --strict over every package."""
-    # pytest: tp_store.testing (the Store contract suite) is type-checked against it.
-    session.install("ruff>=0.6", "mypy>=1.11", "pytest>=8", *_local(*PACKAGES, extras="[fast]"))
+    # pytest: tp_store.testing (the Store contract suite) is type-checked against it;
+    # prometheus-client: tp_rdzv_cli.metrics (the optional extra [metrics]) is too.
+    session.install(
+        "ruff>=0.6",
+        "mypy>=1.11",
+        "pytest>=8",
+        "prometheus-client>=0.20",
+        *_local(*PACKAGES, extras="[fast]"),
+    )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")

@@ -47,6 +47,7 @@ except ImportError:  # run from a checkout without installing: use the monorepo'
 
 from tp_store.errors import StoreError, StoreTimeoutError
 from tp_store.protocol import (
+    EXTENSION_OFFER,
     Add,
     Append,
     Barrier,
@@ -65,6 +66,7 @@ from tp_store.protocol import (
     QueuePush,
     Request,
     Set,
+    Stats,
     Validate,
     Wait,
     WaitGet,
@@ -110,6 +112,8 @@ class FuzzReport:
     connections_closed_by_server: int = 0
     #: "closing connection" lines in the server's log (every close the server chose).
     server_close_log_lines: int = 0
+    #: The server's own count of connections it closed for protocol errors (its STATS).
+    server_protocol_errors: int = 0
     #: Tracebacks and other unexpected lines in the server's log (must be empty).
     server_unexpected_log: list[str] = dataclasses.field(default_factory=list)
     #: 1 if the server process died or stopped answering, else 0.
@@ -142,6 +146,7 @@ class FuzzReport:
             ("connections opened", self.connections_opened),
             ("connections closed by the server", self.connections_closed_by_server),
             ("server 'closing connection' log lines", self.server_close_log_lines),
+            ("server-counted protocol errors", self.server_protocol_errors),
             ("unexpected server log lines", len(self.server_unexpected_log)),
             ("server crashes", self.server_crashes),
             ("server exit code after a crash", self.server_exit_code),
@@ -237,6 +242,24 @@ def probe(port: int) -> bool:
         return False
 
 
+def final_protocol_errors(port: int) -> int:
+    """The server's protocol-error count once every other connection is gone.
+
+    A connection is dropped only after all it sent was served, so the count is
+    final then, and must match the server's log line for line.
+    """
+    store = TCPStore("127.0.0.1", port, timeout=STEP_TIMEOUT)
+    try:
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while (stats := store.server_stats())["connections_open"] > 1:
+            if time.monotonic() > deadline:
+                break  # the report's mismatch with the log will tell
+            time.sleep(0.01)
+        return stats["connections_protocol_errors"]
+    finally:
+        store.close()
+
+
 # ---------------------------------------------------------------------------
 # Frames
 # ---------------------------------------------------------------------------
@@ -271,6 +294,9 @@ class FrameMaker:
             ),
             (4, CancelWait),
             (6, lambda: Ping(rng.getrandbits(32))),
+            # STATS is refused until a PING offers the extensions: send both.
+            (2, lambda: Ping(EXTENSION_OFFER)),
+            (2, Stats),
             (4, lambda: QueuePush(self.key(), self.value())),
             (4, lambda: QueuePop(self.key())),
             (3, lambda: QueueLen(self.key())),
@@ -480,6 +506,8 @@ class WellBehaved:
                 store.queue_push(f"{p}/q", value)
                 self.check("queue_pop", store.queue_pop(f"{p}/q", block=False), value)
                 if i % 25 == 0:
+                    stats = store.server_stats()
+                    self.check("stats count this client", stats["connections_open"] >= 1, True)
                     try:
                         store.wait([f"{p}/never"], 0.05)
                     except StoreTimeoutError:
@@ -675,6 +703,8 @@ def run_fuzz(
         if not probe(server.port):
             report.health_probes_failed += 1
             hung.set()
+        if server.alive() and not hung.is_set():
+            report.server_protocol_errors = final_protocol_errors(server.port)
         if hung.is_set():  # alive but not answering counts as a crash
             report.server_crashes = 1
         if not server.alive():

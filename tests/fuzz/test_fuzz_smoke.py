@@ -38,6 +38,8 @@ def test_fuzz_smoke() -> None:
     # The hostile frames were noticed, and every close the fuzzer saw was one the server chose.
     assert report.connections_closed_by_server > 100
     assert report.connections_closed_by_server <= report.server_close_log_lines
+    # The server's own count of protocol errors agrees with its log.
+    assert report.server_protocol_errors == report.server_close_log_lines
     assert report.connections_opened > report.connections_closed_by_server
     assert 0 < report.peak_server_rss_kib < 256 * 1024
     assert report.ok

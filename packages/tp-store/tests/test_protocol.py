@@ -10,6 +10,7 @@ is tested directly (no sockets), including a stateful model of its waiters.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import struct
 import tracemalloc
@@ -26,6 +27,7 @@ from tp_store.protocol import (
     EXTENSION_ACCEPT,
     EXTENSION_OFFER,
     INCOMPLETE,
+    STATS_SCHEMA,
     VALIDATE_MAGIC,
     Add,
     Append,
@@ -51,14 +53,18 @@ from tp_store.protocol import (
     ReplyParser,
     Request,
     RequestParser,
+    ServerStats,
     Set,
+    Stats,
     Validate,
     Wait,
     WaitGet,
+    decode_stats,
     encode_bytes,
     encode_i64,
     encode_key_list,
     encode_queue_pop,
+    encode_stats,
     encode_u8,
     encode_u32,
     encode_values,
@@ -109,6 +115,7 @@ REQUEST_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     ListKeys: st.just(ListKeys()),
     Barrier: st.builds(Barrier, KEYS, I64),
     WaitGet: st.builds(WaitGet, KEY_TUPLES),
+    Stats: st.just(Stats()),
 }
 REQUESTS: st.SearchStrategy[Request] = st.one_of(*REQUEST_STRATEGIES.values())
 VALIDATE = Validate().encode()
@@ -466,6 +473,8 @@ def test_wire_bytes_of_a_few_requests() -> None:
     )
     assert Ping(5).encode() == b"\x0d" + struct.pack("<I", 5)
     assert Barrier(b"b", 3).encode() == b"\x12" + U64.pack(1) + b"b" + struct.pack("<q", 3)
+    assert WaitGet((b"a",)).encode() == b"\xe0" + U64.pack(1) + U64.pack(1) + b"a"
+    assert Stats().encode() == b"\xe1"
     assert len({EXTENSION_OFFER, EXTENSION_ACCEPT}) == 2
     assert min(EXTENSION_OFFER, EXTENSION_ACCEPT) >= 2**22  # never a pid, which torch sends
 
@@ -643,6 +652,101 @@ def test_reply_parser_clear_forgets_everything() -> None:
     parser.expect(ReplyKind.U8)
     parser.feed(b"\x01")
     assert parser.next_reply() == 1
+
+
+# ---------------------------------------------------------------------------
+# (f) the STATS document
+# ---------------------------------------------------------------------------
+
+COUNTS = st.integers(0, 2**63 - 1)
+
+
+def server_stats(**overrides: Any) -> dict[str, Any]:
+    """A valid stats document as a plain dict, with some fields replaced."""
+    stats: dict[str, Any] = {
+        "schema": STATS_SCHEMA,
+        "tp_store_version": "0.1.0",
+        "uptime_seconds": 12.5,
+        "connections_open": 2,
+        "connections_accepted": 7,
+        "connections_protocol_errors": 1,
+        "waiters_parked": 1,
+        "keys": 3,
+        "bytes_received": 400,
+        "bytes_sent": 300,
+        "ops": {opcode.name.lower(): 1 for opcode in Opcode},
+    }
+    stats.update(overrides)
+    return stats
+
+
+@given(
+    st.fixed_dictionaries(
+        {
+            "schema": st.just(STATS_SCHEMA),
+            "tp_store_version": st.text(max_size=20),
+            "uptime_seconds": st.floats(0, 1e9) | st.integers(0, 2**40),
+            "connections_open": COUNTS,
+            "connections_accepted": COUNTS,
+            "connections_protocol_errors": COUNTS,
+            "waiters_parked": COUNTS,
+            "keys": COUNTS,
+            "bytes_received": COUNTS,
+            "bytes_sent": COUNTS,
+            "ops": st.dictionaries(st.text(max_size=12), COUNTS, max_size=25),
+        }
+    ),
+    st.data(),
+)
+@configured()
+def test_stats_round_trip_as_a_bytes_reply(stats: ServerStats, data: st.DataObject) -> None:
+    encoded = encode_stats(stats)
+    cuts = data.draw(st.lists(st.integers(0, len(encoded)), max_size=4))
+    replies = read_replies([(ReplyKind.BYTES, 0, encoded, None)], split_at(encoded, cuts))
+    assert len(replies) == 1
+    assert isinstance(replies[0], bytes)
+    assert decode_stats(replies[0]) == stats
+
+
+def test_stats_keep_fields_a_newer_server_adds() -> None:
+    document = json.dumps(server_stats(queues=4)).encode()
+    assert decode_stats(document)["queues"] == 4  # type: ignore[typeddict-item]
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (b"not json", "not a JSON document"),
+        (b"\xff\xfe", "not a JSON document"),
+        (b"[" * 100_000 + b"]" * 100_000, "not a JSON document"),
+        (b"[1, 2]", "must be a JSON object, got list"),
+        (json.dumps(server_stats(schema=2)).encode(), "schema 2 is not the known 1"),
+        (json.dumps(server_stats(schema=True)).encode(), "schema True"),
+        (json.dumps(server_stats(schema=None)).encode(), "schema None"),
+        (json.dumps(server_stats(keys=-1)).encode(), "'keys' must be a count, got -1"),
+        (json.dumps(server_stats(bytes_sent=1.5)).encode(), "'bytes_sent' must be a count"),
+        (json.dumps(server_stats(waiters_parked=False)).encode(), "'waiters_parked' must be"),
+        (json.dumps(server_stats(uptime_seconds="1")).encode(), "must be a number, got '1'"),
+        (json.dumps(server_stats(uptime_seconds=-1)).encode(), "out of range: -1"),
+        (json.dumps(server_stats(uptime_seconds=float("nan"))).encode(), "out of range: nan"),
+        (json.dumps(server_stats(uptime_seconds=float("inf"))).encode(), "out of range: inf"),
+        (json.dumps(server_stats(tp_store_version=1)).encode(), "must be a string, got 1"),
+        (json.dumps(server_stats(ops=[1])).encode(), "'ops' must map names to counts"),
+        (json.dumps(server_stats(ops={"set": -1})).encode(), "'ops' must map names to counts"),
+    ],
+    ids=lambda value: value[:40] if isinstance(value, str) else None,
+)
+def test_bad_stats_documents_are_rejected(document: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        decode_stats(document)
+
+
+@pytest.mark.parametrize("field", sorted(ServerStats.__annotations__))
+def test_a_stats_document_missing_a_field_is_rejected(field: str) -> None:
+    stats = server_stats()
+    del stats[field]
+    with pytest.raises(ProtocolError, match=field if field != "schema" else "schema None"):
+        decode_stats(json.dumps(stats).encode())
 
 
 # ---------------------------------------------------------------------------

@@ -651,7 +651,7 @@ def test_a_client_that_never_reads_stops_being_read(server: Server) -> None:
     # 64 replies of 1 MiB that the client never reads: the server must hold the
     # requests back rather than build the replies in memory.
     flooder.send(Get(b"big").encode() * 64)
-    wait_until(lambda: max(server.buffered()) > 0, "the server holds requests back")
+    wait_until(lambda: max(server.buffered(), default=0) > 0, "the server holds requests back")
     other = Raw(server.port)
     check_healthy(server, other)
     # Once the client reads, every reply arrives, in order.

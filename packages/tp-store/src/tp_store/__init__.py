@@ -1,7 +1,7 @@
 """tp-store: PyTorch-compatible key/value stores in pure Python."""
 
 from .__about__ import __version__
-from .base import DEFAULT_TIMEOUT, Store
+from .base import DEFAULT_TIMEOUT, Store, UnsupportedOperationError
 from .errors import (
     ProtocolError,
     QueueEmptyError,
@@ -12,7 +12,7 @@ from .errors import (
 from .file_store import FileStore
 from .hash_store import HashStore
 from .prefix_store import PrefixStore
-from .protocol import Limits
+from .protocol import Limits, ServerStats
 from .server import StoreServer
 from .tcp_store import TCPStore
 
@@ -24,11 +24,13 @@ __all__ = [
     "PrefixStore",
     "ProtocolError",
     "QueueEmptyError",
+    "ServerStats",
     "Store",
     "StoreConnectionError",
     "StoreError",
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",
+    "UnsupportedOperationError",
     "__version__",
 ]

@@ -12,7 +12,12 @@ import math
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .protocol import ServerStats
 
 #: What callers may pass where PyTorch takes a ``timedelta``.
 Timeout = timedelta | float | int
@@ -38,6 +43,14 @@ def as_timedelta(timeout: Timeout, what: str = "timeout") -> timedelta:
     if value < timedelta(0):
         raise ValueError(f"{what} must not be negative, got {value}")
     return value
+
+
+class UnsupportedOperationError(StoreError, NotImplementedError):
+    """The store, or the server behind it, does not offer this operation.
+
+    Raised, for example, by ``server_stats()`` of a store whose server is
+    PyTorch's rather than tp-store's.
+    """
 
 
 def as_bytes(data: Data, what: str = "value") -> bytes:
@@ -170,6 +183,15 @@ class Store(abc.ABC):
         if self.add(key, 1) >= world_size:
             self.set(done_key, b"1")
         self.wait([done_key], timeout)
+
+    def server_stats(self) -> ServerStats:
+        """The counters of the store server behind this store (see ``ServerStats``).
+
+        An extension of PyTorch's API, offered by :class:`~tp_store.TCPStore`
+        connected to a tp-store server; other stores raise
+        :class:`UnsupportedOperationError`.
+        """
+        raise UnsupportedOperationError(f"{type(self).__name__} has no store server statistics")
 
     # -- lifetime --------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - stores without resources need nothing

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from .base import Data, Store, Timeout, as_bytes
+from .protocol import ServerStats
 from .semantics import key_text
 
 
@@ -119,6 +120,10 @@ class PrefixStore(Store):
     def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
         """Block until ``world_size`` callers have reached the barrier ``key``."""
         self._store.barrier(self._key(key), world_size, timeout)
+
+    def server_stats(self) -> ServerStats:
+        """The counters of the underlying store's server (the whole server, not the prefix)."""
+        return self._store.server_stats()
 
     def clone(self) -> PrefixStore:
         """The same prefix over a clone of the underlying store."""

@@ -7,19 +7,21 @@ accept a byte stream split anywhere. Malformed input raises
 
 The framing is PyTorch's (see ``tcpstore-wire-protocol.md``): an opcode byte,
 then fields; integers little-endian; byte strings as a ``u64`` length and the
-raw bytes. Our own client and server also understand one extension opcode,
-``WAIT_GET``, negotiated through the handshake PING so that a PyTorch peer
-never sees it.
+raw bytes. Our own client and server also understand two extension opcodes,
+``WAIT_GET`` and ``STATS``, negotiated through the handshake PING so that a
+PyTorch peer never sees them.
 """
 
 from __future__ import annotations
 
 import enum
+import json
+import math
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypedDict, cast
 
 from .errors import ProtocolError
 
@@ -63,6 +65,8 @@ class Opcode(enum.IntEnum):
     BARRIER = 18
     #: Extension: wait for all keys, then reply STOP_WAITING and their values.
     WAIT_GET = 0xE0
+    #: Extension: the server's counters, as a JSON document (see :class:`ServerStats`).
+    STATS = 0xE1
 
 
 class WaitReply(enum.IntEnum):
@@ -246,6 +250,13 @@ class WaitGet(Message):
     keys: tuple[bytes, ...]
 
 
+@dataclass(frozen=True)
+class Stats(Message):
+    """Extension: ask for the server's counters (answered with :func:`encode_stats`)."""
+
+    opcode: ClassVar[Opcode] = Opcode.STATS
+
+
 Request = (
     Validate
     | Set
@@ -267,6 +278,7 @@ Request = (
     | ListKeys
     | Barrier
     | WaitGet
+    | Stats
 )
 
 
@@ -313,6 +325,7 @@ _LAYOUTS: dict[int, tuple[type[Request], tuple[_Field, ...]]] = {
     Opcode.LIST_KEYS: (ListKeys, ()),
     Opcode.BARRIER: (Barrier, (_Field.KEY, _Field.I64)),
     Opcode.WAIT_GET: (WaitGet, (_Field.KEYS,)),
+    Opcode.STATS: (Stats, ()),
 }
 
 
@@ -527,6 +540,103 @@ def encode_queue_pop(length: int, value: bytes | None) -> bytes:
 def encode_wait_get(values: Sequence[bytes]) -> bytes:
     """WAIT_GET reply once every key exists: STOP_WAITING, then the values."""
     return b"\x00" + _fields(values)
+
+
+# ---------------------------------------------------------------------------
+# Server statistics (the STATS extension)
+# ---------------------------------------------------------------------------
+
+#: The version of the :class:`ServerStats` document. Adding a field keeps it;
+#: changing or removing one bumps it, and clients refuse a version they do not know.
+STATS_SCHEMA: Final = 1
+
+
+class ServerStats(TypedDict):
+    """A store server's counters, as ``STATS`` returns them (a JSON object on the wire).
+
+    Totals count from the server's start; the others are the values now.
+    """
+
+    #: :data:`STATS_SCHEMA` of the server that wrote the document.
+    schema: int
+    #: The server's tp-store version.
+    tp_store_version: str
+    #: Seconds since the server started listening.
+    uptime_seconds: float
+    #: Client connections open now.
+    connections_open: int
+    #: Client connections accepted in total.
+    connections_accepted: int
+    #: Connections the server closed because of a protocol error (malformed or
+    #: out-of-order request, over a limit, ADD on a non-integer).
+    connections_protocol_errors: int
+    #: Connections parked now in WAIT, WAIT_GET or BARRIER.
+    waiters_parked: int
+    #: Keys stored now (what GETNUMKEYS answers).
+    keys: int
+    #: Bytes received from clients in total.
+    bytes_received: int
+    #: Bytes of replies sent to clients in total.
+    bytes_sent: int
+    #: Requests received in total, by lower-case opcode name (every opcode, zeros included).
+    ops: dict[str, int]
+
+
+#: The fields of :class:`ServerStats` that are counts (non-negative ints).
+_STATS_COUNTS: Final = (
+    "connections_open",
+    "connections_accepted",
+    "connections_protocol_errors",
+    "waiters_parked",
+    "keys",
+    "bytes_received",
+    "bytes_sent",
+)
+
+
+def encode_stats(stats: ServerStats) -> bytes:
+    """STATS reply: the counters as a compact JSON document, sent as a byte string."""
+    return _field(json.dumps(stats, separators=(",", ":"), allow_nan=False).encode())
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def decode_stats(document: bytes) -> ServerStats:
+    """The :class:`ServerStats` in a STATS reply's bytes, checked field by field.
+
+    Fields a newer server adds are kept. Raises :class:`ProtocolError` naming
+    the first thing wrong: not JSON, not an object, an unknown schema, a field
+    missing or of the wrong type.
+    """
+    try:
+        stats = json.loads(document)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, or absurd nesting
+        raise ProtocolError(f"statistics are not a JSON document: {exc}") from exc
+    if not isinstance(stats, dict):
+        raise ProtocolError(f"statistics must be a JSON object, got {type(stats).__name__}")
+    schema = stats.get("schema")
+    if not _is_count(schema) or schema != STATS_SCHEMA:
+        raise ProtocolError(f"statistics schema {schema!r} is not the known {STATS_SCHEMA}")
+    for name in _STATS_COUNTS:
+        value = stats.get(name)
+        if not _is_count(value):
+            raise ProtocolError(f"statistics field {name!r} must be a count, got {value!r}")
+    uptime = stats.get("uptime_seconds")
+    if not (isinstance(uptime, (int, float)) and not isinstance(uptime, bool)):
+        raise ProtocolError(f"statistics field 'uptime_seconds' must be a number, got {uptime!r}")
+    if not 0 <= uptime < math.inf:
+        raise ProtocolError(f"statistics field 'uptime_seconds' out of range: {uptime!r}")
+    if not isinstance(stats.get("tp_store_version"), str):
+        raise ProtocolError(
+            f"statistics field 'tp_store_version' must be a string, "
+            f"got {stats.get('tp_store_version')!r}"
+        )
+    ops = stats.get("ops")
+    if not isinstance(ops, dict) or not all(_is_count(count) for count in ops.values()):
+        raise ProtocolError(f"statistics field 'ops' must map names to counts, got {ops!r:.200}")
+    return cast(ServerStats, stats)
 
 
 class ReplyKind(enum.Enum):

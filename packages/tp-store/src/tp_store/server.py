@@ -4,6 +4,11 @@ Each connection parses its byte stream with :class:`~tp_store.protocol.RequestPa
 and applies requests to one shared :class:`~tp_store.state.StoreState`. Anything
 malformed closes that connection only, with a log line. Names are never
 resolved on the accept path, so bursts of connections are not stalled by DNS.
+
+The server counts what it does (:meth:`StoreServer.stats`, and the ``STATS``
+extension request) and logs on ``tp_store.server`` with structured fields in
+``extra``: ``action`` always, and ``peer``, ``endpoint``, ``duration``
+(seconds) and ``reason`` where they apply.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ import errno
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar, cast
 
+from .__about__ import __version__
 from .errors import ProtocolError
 from .protocol import (
     EXTENSION_ACCEPT,
     EXTENSION_OFFER,
+    STATS_SCHEMA,
     Add,
     Append,
     Barrier,
@@ -36,13 +44,16 @@ from .protocol import (
     ListKeys,
     MultiGet,
     MultiSet,
+    Opcode,
     Ping,
     QueueLen,
     QueuePop,
     QueuePush,
     Request,
     RequestParser,
+    ServerStats,
     Set,
+    Stats,
     Validate,
     Wait,
     WaitGet,
@@ -51,6 +62,7 @@ from .protocol import (
     encode_i64,
     encode_key_list,
     encode_queue_pop,
+    encode_stats,
     encode_u8,
     encode_u32,
     encode_values,
@@ -67,6 +79,7 @@ _STOP_WAITING = encode_u8(WaitReply.STOP_WAITING)
 _WAIT_CANCELED = encode_u8(WaitReply.WAIT_CANCELED)
 _READY = encode_u8(CheckReply.READY)
 _NOT_READY = encode_u8(CheckReply.NOT_READY)
+_EXTENSIONS_ACCEPTED = encode_u32(EXTENSION_ACCEPT)
 
 _T = TypeVar("_T")
 
@@ -76,22 +89,53 @@ def format_endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class _Counters:
+    """The server's running totals.
+
+    Only the event-loop thread writes them, with plain int increments: no
+    lock, and no object built per request but the new ints. A reader on
+    another thread may see a value one request old, never a torn one.
+    """
+
+    __slots__ = ("accepted", "bytes_received", "bytes_sent", "ops", "protocol_errors")
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.protocol_errors = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        #: Requests received, indexed by opcode byte.
+        self.ops = [0] * 256
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parse, apply, reply."""
 
     def __init__(self, server: StoreServer) -> None:
         self._server = server
         self._state = server.state
+        self._counters = server._counters
         self._parser = RequestParser(server.limits)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
+        self._opened = 0.0
+        self._close_reason = ""
         self._pending: Waiter | BarrierWaiter | None = None
         self._writing_paused = False
+        # Set once the client offers the extensions in a PING: STATS is refused
+        # before, as on a PyTorch server, which does not know the opcode.
+        self._extended = False
+
+    @property
+    def parked(self) -> bool:
+        """Whether this connection waits in WAIT, WAIT_GET or BARRIER."""
+        return self._pending is not None
 
     # -- asyncio callbacks ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._opened = time.monotonic()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -99,13 +143,34 @@ class _Connection(asyncio.Protocol):
         if peer:
             self._peer = format_endpoint(str(peer[0]), int(peer[1]))
         self._server.connections.add(self)
+        self._counters.accepted += 1
+        log.debug(
+            "connection from %s opened",
+            self._peer,
+            extra={"action": "connection_open", "peer": self._peer},
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self._drop_pending()
         self._transport = None
+        duration = time.monotonic() - self._opened
+        reason = self._close_reason or (str(exc) if exc else "closed by the client")
+        log.debug(
+            "connection from %s closed after %.3f s: %s",
+            self._peer,
+            duration,
+            reason,
+            extra={
+                "action": "connection_close",
+                "peer": self._peer,
+                "duration": duration,
+                "reason": reason,
+            },
+        )
 
     def data_received(self, data: bytes) -> None:
+        self._counters.bytes_received += len(data)
         self._parser.feed(data)
         self._serve()
 
@@ -127,19 +192,40 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
+        counters = self._counters
+        ops = counters.ops
         try:
             for request in self._parser:
+                ops[request.opcode] += 1
                 reply = self._apply(request)
                 if reply:
+                    # Counted before it is sent: a client that has read a reply
+                    # finds it in the totals.
+                    counters.bytes_sent += len(reply)
                     transport.write(reply)
                 if self._writing_paused:
                     return
         except (ValueError, OverflowError) as exc:  # ProtocolError, or a bad ADD
+            counters.protocol_errors += 1
             self.close(f"{exc}")
 
-    def close(self, reason: str, level: int = logging.WARNING) -> None:
-        """Drop this connection, logging why."""
-        log.log(level, "closing connection from %s: %s", self._peer, reason)
+    def close(
+        self, reason: str, level: int = logging.WARNING, action: str = "protocol_error"
+    ) -> None:
+        """Drop this connection, logging why (``action`` is the log record's field)."""
+        log.log(
+            level,
+            "closing connection from %s: %s",
+            self._peer,
+            reason,
+            extra={
+                "action": action,
+                "peer": self._peer,
+                "duration": time.monotonic() - self._opened,
+                "reason": reason,
+            },
+        )
+        self._close_reason = reason
         self._drop_pending()
         if self._transport is not None:
             self._transport.close()
@@ -183,7 +269,10 @@ class _Connection(asyncio.Protocol):
                 self._drop_pending()
                 return _WAIT_CANCELED
             case Ping(nonce=nonce):
-                return encode_u32(EXTENSION_ACCEPT if nonce == EXTENSION_OFFER else nonce)
+                if nonce == EXTENSION_OFFER:
+                    self._extended = True
+                    return _EXTENSIONS_ACCEPTED
+                return encode_u32(nonce)
             case QueuePush(key=key, value=value):
                 state.queue_push(key, value)
                 return None
@@ -199,6 +288,10 @@ class _Connection(asyncio.Protocol):
                     return _STOP_WAITING
                 self._pending = barrier
                 return None
+            case Stats():
+                if not self._extended:
+                    raise ProtocolError("STATS sent before the protocol extensions were offered")
+                return encode_stats(self._server.stats())
             case Validate():
                 return None
         raise ProtocolError(f"unhandled request {request!r:.80}")  # pragma: no cover
@@ -215,12 +308,15 @@ class _Connection(asyncio.Protocol):
     def _wake(self, waiter: Waiter | BarrierWaiter) -> None:
         self._pending = None
         if self._transport is not None:
+            self._counters.bytes_sent += len(_STOP_WAITING)
             self._transport.write(_STOP_WAITING)
 
     def _wake_with_values(self, waiter: Waiter) -> None:
         self._pending = None
         if self._transport is not None:
-            self._transport.write(encode_wait_get(self._state.multi_get(waiter.keys)))
+            reply = encode_wait_get(self._state.multi_get(waiter.keys))
+            self._counters.bytes_sent += len(reply)
+            self._transport.write(reply)
 
     def _drop_pending(self) -> None:
         pending, self._pending = self._pending, None
@@ -287,6 +383,8 @@ class StoreServer:
         self.connections: set[_Connection] = set()
         self._listen_fd = listen_fd
         self._servers: list[asyncio.base_events.Server] = []
+        self._counters = _Counters()
+        self._started: float | None = None  # time.monotonic() when it started listening
 
     @property
     def endpoint(self) -> str:
@@ -310,16 +408,57 @@ class StoreServer:
                 lambda: _Connection(self), sock=sock, backlog=self.backlog
             )
             self._servers.append(server)
-        log.info("store server listening on %s", self.endpoint)
+        self._started = time.monotonic()
+        log.info(
+            "store server listening on %s",
+            self.endpoint,
+            extra={"action": "server_start", "endpoint": self.endpoint},
+        )
+
+    @property
+    def uptime(self) -> float:
+        """Seconds since the server started listening (0 before)."""
+        return 0.0 if self._started is None else time.monotonic() - self._started
+
+    def stats(self) -> ServerStats:
+        """The server's counters now: what a ``STATS`` request answers.
+
+        Callable from any thread: it reads ints and takes a snapshot of the
+        connection set, each atomic under the GIL, so a value may be a request
+        old but is never torn.
+        """
+        counters = self._counters
+        connections = list(self.connections)
+        ops = counters.ops
+        return {
+            "schema": STATS_SCHEMA,
+            "tp_store_version": __version__,
+            "uptime_seconds": self.uptime,
+            "connections_open": len(connections),
+            "connections_accepted": counters.accepted,
+            "connections_protocol_errors": counters.protocol_errors,
+            "waiters_parked": sum(1 for connection in connections if connection.parked),
+            "keys": self.state.num_keys(),
+            "bytes_received": counters.bytes_received,
+            "bytes_sent": counters.bytes_sent,
+            "ops": {opcode.name.lower(): ops[opcode] for opcode in Opcode},
+        }
 
     async def close(self) -> None:
         """Stop accepting and drop every connection."""
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
-            connection.close("server shutting down", logging.INFO)
+            connection.close("server shutting down", logging.INFO, action="shutdown")
         for server in self._servers:
             await server.wait_closed()
+        if self._servers:
+            log.info(
+                "store server on %s stopped after %.1f s",
+                self.endpoint,
+                self.uptime,
+                extra={"action": "server_stop", "endpoint": self.endpoint, "duration": self.uptime},
+            )
         self._servers.clear()
 
 

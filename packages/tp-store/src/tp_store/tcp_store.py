@@ -3,7 +3,8 @@
 One TCP connection per store object, shared by threads under a lock. Against
 our own server the client negotiates the ``WAIT_GET`` extension during the
 handshake PING, which makes ``get`` and ``multi_get`` one round trip; against
-a PyTorch server it speaks the plain protocol.
+a PyTorch server it speaks the plain protocol. The ``STATS`` extension reads
+the server's counters (:meth:`TCPStore.server_stats`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,14 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
-from .errors import ProtocolError, QueueEmptyError, StoreConnectionError, StoreTimeoutError
+from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, UnsupportedOperationError, as_bytes
+from .errors import (
+    ProtocolError,
+    QueueEmptyError,
+    StoreConnectionError,
+    StoreError,
+    StoreTimeoutError,
+)
 from .protocol import (
     EXTENSION_ACCEPT,
     EXTENSION_OFFER,
@@ -44,11 +51,14 @@ from .protocol import (
     Reply,
     ReplyKind,
     ReplyParser,
+    ServerStats,
     Set,
+    Stats,
     Validate,
     Wait,
     WaitGet,
     WaitReply,
+    decode_stats,
 )
 from .semantics import timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
@@ -511,6 +521,24 @@ class TCPStore(Store):
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         request = Barrier(_user_key(key), world_size).encode()
         self._blocking(request, ReplyKind.U8, 0, self._deadline_seconds(timeout), [key])
+
+    def server_stats(self) -> ServerStats:
+        """The server's counters (see :class:`~tp_store.protocol.ServerStats`), in one round trip.
+
+        Raises :class:`~tp_store.UnsupportedOperationError` when the server is
+        PyTorch's (it did not accept the protocol extensions), and
+        :class:`~tp_store.StoreError` when the answer is not a valid document.
+        """
+        if not self._extended:
+            raise UnsupportedOperationError(
+                f"the server at {self.endpoint} does not support statistics (not a tp-store server)"
+            )
+        document = self._request(Stats().encode(), ReplyKind.BYTES)
+        assert isinstance(document, bytes)
+        try:
+            return decode_stats(document)
+        except ProtocolError as exc:
+            raise StoreError(f"the server at {self.endpoint} sent bad statistics: {exc}") from exc
 
     def clone(self) -> TCPStore:
         """A new client connection to the same server (never a master)."""
