@@ -38,12 +38,10 @@ import os
 import platform
 import queue
 import resource
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -345,65 +343,6 @@ def bench_first_round(impl: Impl, size: int, timeout: float) -> RoundTiming:
 
 
 # -- 1b. the first round of N nodes on etcd (ours only) --------------------------------
-
-
-class EtcdServer:
-    """A one-member etcd cluster on free loopback ports, data in a temporary dir."""
-
-    def __init__(self, binary: str) -> None:
-        self.data_dir = tempfile.mkdtemp(prefix="rdzv-bench-etcd-")
-        client, peer = free_port(), free_port()
-        self.endpoint = f"http://127.0.0.1:{client}"
-        peer_url = f"http://127.0.0.1:{peer}"
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--name=bench",
-                f"--data-dir={self.data_dir}",
-                f"--listen-client-urls={self.endpoint}",
-                f"--advertise-client-urls={self.endpoint}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=bench={peer_url}",
-                "--logger=zap",
-                "--log-outputs=stderr",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self._ready = threading.Event()
-        threading.Thread(target=self._read_log, daemon=True).start()
-        if not self._ready.wait(60) or self.proc.poll() is not None:
-            self.stop()
-            raise RuntimeError("etcd did not start")
-
-    def _read_log(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            if "serving client traffic" in line:  # etcd 3.4's "ready" line
-                self._ready.set()
-        self._ready.set()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-
-def find_etcd(named: str | None) -> str | None:
-    """The etcd binary: ``--etcd-binary``, ``etcd`` on PATH or Debian's /usr/bin/etcd."""
-    for candidate in (named, shutil.which("etcd"), "/usr/bin/etcd"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def etcd_version(binary: str) -> str:
-    output = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
-    return output.stdout.splitlines()[0].split(":", 1)[-1].strip() if output.stdout else "?"
 
 
 def bench_first_round_etcd(size: int, timeout: float, endpoint: str) -> RoundTiming:
@@ -761,21 +700,26 @@ def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) 
 
 def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
     """The etcd rows: ours on a one-member etcd started here (torch has no v3 backend)."""
-    binary = find_etcd(args.etcd_binary)
+    # Imported here: without tp-rdzv-etcd the bench still runs, minus these rows.
+    try:
+        from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
+    except ImportError:
+        binary, missing = None, "skipped: tp-rdzv-etcd is not installed"
+    else:
+        binary, missing = find_etcd(args.etcd_binary), "skipped: no etcd binary"
     for size in args.etcd_sizes:
         name = etcd_metric_name(size)
         recorder.record(name, "torch", None, "no counterpart (torch's etcd needs the v2 API)", 0.0)
         if binary is None:
-            recorder.record(name, "ours", None, "skipped: no etcd binary", 0.0)
+            recorder.record(name, "ours", None, missing, 0.0)
     if binary is None:
         return
     args.etcd_version = etcd_version(binary)
-    server = EtcdServer(binary)
-    try:
+    with LocalEtcd(binary=binary) as etcd:
         for size in args.etcd_sizes:
 
             def first_round(size: int = size) -> tuple[float, str]:
-                timing = bench_first_round_etcd(size, args.timeout, server.endpoint)
+                timing = bench_first_round_etcd(size, args.timeout, etcd.endpoints)
                 note = (
                     f"(etcd {args.etcd_version}, first return {timing.first:.2f} s, "
                     f"setup {timing.setup:.1f} s, shutdown {timing.shutdown:.1f} s)"
@@ -783,8 +727,6 @@ def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
                 return timing.last, note
 
             recorder.measure(etcd_metric_name(size), "ours", first_round)
-    finally:
-        server.stop()
 
 
 def format_table(metrics: Sequence[Metric]) -> str:
@@ -881,7 +823,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"(default {','.join(map(str, ETCD_SIZES))})",
     )
     parser.add_argument("--no-etcd", action="store_true", help="skip the etcd rows")
-    parser.add_argument("--etcd-binary", help="the etcd server binary (default: etcd on PATH)")
+    parser.add_argument(
+        "--etcd-binary",
+        help="the etcd server binary (default: $TP_ETCD_BINARY, etcd on PATH, /usr/bin/etcd)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,

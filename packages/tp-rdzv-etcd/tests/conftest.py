@@ -1,4 +1,4 @@
-"""Shared test setup: real etcd clusters started by fixtures.
+"""Shared test setup: real etcd clusters (``tp_rdzv_etcd.local``) started by fixtures.
 
 Without an etcd binary the tests that need one are skipped, except under CI
 (``CI=true``), where a missing etcd fails them: CI must never pass without
@@ -7,25 +7,26 @@ having run them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-# Tests are imported with --import-mode=importlib, which leaves sys.path alone;
-# this lets the test modules import their helper modules (etcd_cluster), and
-# the multi-process tests the node script of tp-rdzv-dynamic's tests.
-_TESTS = Path(__file__).resolve().parent
-_DYNAMIC_TESTS = _TESTS.parent.parent / "tp-rdzv-dynamic" / "tests"
-for _path in (str(_TESTS), str(_DYNAMIC_TESTS)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
 
-from etcd_cluster import SUMMARY, Cluster, MakeCluster, etcd_version, find_etcd  # noqa: E402
+# Tests are imported with --import-mode=importlib, which leaves sys.path alone;
+# this lets the multi-process tests import the node script of tp-rdzv-dynamic's tests.
+_DYNAMIC_TESTS = str(Path(__file__).resolve().parents[2] / "tp-rdzv-dynamic" / "tests")
+if _DYNAMIC_TESTS not in sys.path:
+    sys.path.insert(0, _DYNAMIC_TESTS)
+
+# Lines the tests want in the run's summary (the leader-kill timeline), even when passing.
+_SUMMARY: list[str] = []
 
 
 def pytest_report_header() -> str:
@@ -36,10 +37,16 @@ def pytest_report_header() -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if SUMMARY:
+    if _SUMMARY:
         terminalreporter.section("etcd")
-        for line in SUMMARY:
+        for line in _SUMMARY:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def etcd_summary() -> list[str]:
+    """Lines to print in the run's summary, under "etcd"."""
+    return _SUMMARY
 
 
 @pytest.fixture(scope="session")
@@ -57,56 +64,48 @@ def etcd_binary() -> str:
     return binary
 
 
-def _data_root(tmp: Path) -> Path:
-    """Where members keep their data: in memory (/dev/shm) when there is one.
+@contextlib.contextmanager
+def _cluster(binary: str, size: int, *, fast_elections: bool = False) -> Iterator[LocalEtcd]:
+    """A started cluster, its data in memory (/dev/shm) when there is one.
 
     etcd fsyncs its log on every commit; on a CI VM's disk that, not our code,
     would dominate the contended tests.
     """
     shm = Path("/dev/shm")
+    root = None
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return Path(tempfile.mkdtemp(prefix="tp-etcd-", dir=shm))
-    return tmp
-
-
-def _cluster(binary: str, size: int, tmp: Path) -> Cluster:
-    root = _data_root(tmp)
-    cluster = Cluster(binary, size, root)
-    cluster.on_stop = lambda: shutil.rmtree(root, ignore_errors=True)
+        root = tempfile.mkdtemp(prefix="tp-etcd-", dir=shm)
     try:
-        cluster.wait_ready()
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+        with LocalEtcd(size, binary=binary, data_root=root, fast_elections=fast_elections) as etcd:
+            yield etcd
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def etcd1(etcd_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def etcd1(etcd_binary: str) -> Iterator[LocalEtcd]:
     """A one-member cluster shared by the session (each test uses its own prefix)."""
-    cluster = _cluster(etcd_binary, 1, tmp_path_factory.mktemp("etcd1"))
-    yield cluster
-    cluster.stop()
+    with _cluster(etcd_binary, 1) as etcd:
+        yield etcd
 
 
 @pytest.fixture(scope="session")
-def etcd3(etcd_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def etcd3(etcd_binary: str) -> Iterator[LocalEtcd]:
     """A three-member cluster shared by the session (each test uses its own prefix)."""
-    cluster = _cluster(etcd_binary, 3, tmp_path_factory.mktemp("etcd3"))
-    yield cluster
-    cluster.stop()
+    with _cluster(etcd_binary, 3) as etcd:
+        yield etcd
 
 
 @pytest.fixture
-def make_cluster(etcd_binary: str, tmp_path: Path) -> Iterator[MakeCluster]:
-    """Fresh clusters of a given size for one test (that kills members)."""
-    clusters: list[Cluster] = []
+def make_cluster(etcd_binary: str) -> Iterator[Callable[[int], LocalEtcd]]:
+    """Fresh clusters of a given size for one test (that kills members).
 
-    def make(size: int) -> Cluster:
-        cluster = _cluster(etcd_binary, size, tmp_path / f"cluster{len(clusters)}")
-        clusters.append(cluster)
-        return cluster
+    Elections are fast: a test that kills the leader waits for a new one.
+    """
+    with contextlib.ExitStack() as stack:
 
-    yield make
-    for cluster in clusters:
-        cluster.stop()
+        def make(size: int) -> LocalEtcd:
+            return stack.enter_context(_cluster(etcd_binary, size, fast_elections=True))
+
+        yield make

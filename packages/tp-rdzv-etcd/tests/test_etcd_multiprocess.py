@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from dynamic_node import NodeProcess
-from etcd_cluster import SUMMARY, Cluster, MakeCluster
+
+from tp_rdzv_etcd.local import LocalEtcd
 
 pytestmark = pytest.mark.etcd
 
@@ -95,7 +96,7 @@ def check_round(nodes: Sequence[NodeProcess], answers: dict[str, dict[str, Any]]
     assert ranks == list(range(len(nodes))), ranks
 
 
-def test_eight_nodes_rendezvous_on_one_member(etcd1: Cluster, spawn_node: Spawn) -> None:
+def test_eight_nodes_rendezvous_on_one_member(etcd1: LocalEtcd, spawn_node: Spawn) -> None:
     spec = node_spec(etcd1.endpoints, f"e8-{uuid.uuid4().hex[:8]}", 6, 8)
     nodes = start(spawn_node, 8, spec)
     for node in nodes:
@@ -111,7 +112,9 @@ def test_eight_nodes_rendezvous_on_one_member(etcd1: Cluster, spawn_node: Spawn)
         assert answer.get("seen") == participants, f"{name}: {answer}"
 
 
-def test_leader_killed_mid_rendezvous(make_cluster: MakeCluster, spawn_node: Spawn) -> None:
+def test_leader_killed_mid_rendezvous(
+    make_cluster: Callable[[int], LocalEtcd], spawn_node: Spawn, etcd_summary: list[str]
+) -> None:
     cluster = make_cluster(3)
     leader = cluster.leader()
     # The leader first in every node's list: the nodes talk to it until it dies.
@@ -147,14 +150,16 @@ def test_leader_killed_mid_rendezvous(make_cluster: MakeCluster, spawn_node: Spa
     check_round(nodes, answers)
     new_leader = cluster.leader()
     assert new_leader is not leader
-    SUMMARY.append(
+    etcd_summary.append(
         f"leader-kill timeline (etcd 3-member, leader {leader.name} -> {new_leader.name}): "
         f"first next() at 0.00 s, leader kill -9 at {killed - began:.2f} s, "
         f"round of 8 complete at {done - began:.2f} s ({done - killed:.2f} s after the kill)"
     )
 
 
-def test_etcd_down_is_a_connection_error(make_cluster: MakeCluster, spawn_node: Spawn) -> None:
+def test_etcd_down_is_a_connection_error(
+    make_cluster: Callable[[int], LocalEtcd], spawn_node: Spawn
+) -> None:
     cluster = make_cluster(1)
     read_timeout = 5.0
     spec = node_spec(

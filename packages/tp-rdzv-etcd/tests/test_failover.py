@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
-from etcd_cluster import Cluster, MakeCluster, free_ports
 
 from tp_rdzv_api import RendezvousParameters, create_handler
 from tp_rdzv_etcd import EtcdStore
+from tp_rdzv_etcd.local import LocalEtcd, free_ports
 from tp_store import StoreConnectionError
 
 pytestmark = pytest.mark.etcd
@@ -20,7 +21,7 @@ def _prefix() -> str:
     return f"/failover/{uuid.uuid4().hex}/"
 
 
-def test_a_dead_first_member_is_skipped(etcd1: Cluster) -> None:
+def test_a_dead_first_member_is_skipped(etcd1: LocalEtcd) -> None:
     (dead,) = free_ports(1)
     with EtcdStore(f"127.0.0.1:{dead},{etcd1.endpoints}", _prefix(), timeout=10) as store:
         store.set("k", "v")
@@ -38,7 +39,7 @@ def test_nobody_listening_fails_fast() -> None:
         assert time.monotonic() - started < 5
 
 
-def test_ops_and_waits_survive_the_leader(make_cluster: MakeCluster) -> None:
+def test_ops_and_waits_survive_the_leader(make_cluster: Callable[[int], LocalEtcd]) -> None:
     cluster = make_cluster(3)
     leader = cluster.leader()
     others = [member for member in cluster.members if member is not leader]
@@ -64,7 +65,7 @@ def test_ops_and_waits_survive_the_leader(make_cluster: MakeCluster) -> None:
         assert store.get("before") == b"1"
 
 
-def test_the_registry_builds_an_etcd_handler(etcd1: Cluster) -> None:
+def test_the_registry_builds_an_etcd_handler(etcd1: LocalEtcd) -> None:
     params = RendezvousParameters("etcd", etcd1.endpoints, "reg-run", 1, 1, read_timeout=10)
     handler = create_handler(params)
     try:

@@ -1,6 +1,7 @@
 """``tp-rdzv demo``: a rendezvous forming, losing nodes and re-forming, live.
 
-The demo hosts the store in this process (the embedded default), starts N node
+The demo hosts the store in this process (the embedded default; or, with
+``--backend etcd``, starts a throwaway local etcd member), starts N node
 processes running ``tp-rdzv join``, and follows their JSON output: once every
 node holds a rank in one round, it kills some with SIGKILL, waits for the
 survivors' new round, closes the rendezvous and checks that every survivor
@@ -39,10 +40,12 @@ EXAMPLES = """examples:
   tp-rdzv demo                     # 4 nodes, kill 1
   tp-rdzv demo --nodes 8 --kill 3
   tp-rdzv demo --nodes 3 --kill 1 --json    # only the summary, as JSON
+  tp-rdzv demo --backend etcd      # on a local etcd member (needs etcd-server and tp-rdzv-etcd)
 
 It exits 0 when every step happened as expected."""
 
 #: Node settings that make the demo quick: a silent node is dead after 1 s.
+#: No node hosts a store (``is_host``): the demo provides it.
 NODE_CONFIG = {
     "keep_alive_interval": 0.5,
     "keep_alive_max_attempt": 2,
@@ -51,10 +54,49 @@ NODE_CONFIG = {
     "is_host": False,
 }
 RUN_ID = "demo"
+BACKENDS = ("core", "etcd")
 
 
 class DemoFailed(Exception):
     """A step did not happen as expected; the message says which."""
+
+
+class EmbeddedStore:
+    """The default: a TCPStore server in the demo's own process."""
+
+    def __init__(self) -> None:
+        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=30)
+        self.endpoint = f"127.0.0.1:{self._store.port}"
+        self.description = f"the embedded store at {self.endpoint}"
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._store.close()
+
+
+class LocalEtcdMember:
+    """A throwaway one-member etcd cluster on loopback, for ``--backend etcd``."""
+
+    def __init__(self) -> None:
+        try:
+            from tp_rdzv_etcd.local import EtcdNotFoundError, LocalEtcd  # noqa: PLC0415
+        except ImportError as exc:
+            raise CommandError(
+                "the etcd demo needs tp-rdzv-etcd: pip install 'tensorplay-rendezvous[etcd]'",
+                ExitCode.USAGE,
+            ) from exc
+        try:
+            self._etcd = LocalEtcd(1).start()
+        except EtcdNotFoundError as exc:
+            raise CommandError(str(exc), ExitCode.USAGE) from exc
+        except RuntimeError as exc:
+            raise CommandError(f"could not start etcd: {exc}", ExitCode.FAILED) from exc
+        self.endpoint = self._etcd.endpoints
+        self.description = f"a local etcd member at {self.endpoint}"
+
+    def close(self) -> None:
+        """Stop the member and remove its data."""
+        self._etcd.stop()
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
@@ -70,7 +112,9 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     )
     parser.add_argument("--nodes", type=int, default=4, help="node processes (default 4)")
     parser.add_argument("--kill", type=int, default=1, help="nodes to kill -9 (default 1)")
-    parser.add_argument("--backend", default="core", choices=["core"], help="backend (core)")
+    parser.add_argument(
+        "--backend", default="core", choices=BACKENDS, help="core (default) or etcd"
+    )
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="give up after this many seconds (120)"
     )
@@ -120,8 +164,8 @@ class Demo:
         self.victims: list[Node] = []
         self.rounds: dict[str, dict[str, Any]] = {}
         self.logs = Path(tempfile.mkdtemp(prefix="tp-rdzv-demo-"))
-        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=30)
-        self.endpoint = f"127.0.0.1:{self.store.port}"
+        self.store = LocalEtcdMember() if args.backend == "etcd" else EmbeddedStore()
+        self.endpoint = self.store.endpoint
         self.live: Live | None = None
 
     # -- the steps ------------------------------------------------------------------
@@ -293,7 +337,7 @@ class Demo:
         elapsed = time.monotonic() - self.timeline.started
         title = Text.assemble(
             ("tp-rdzv demo", "bold"),
-            f": {self.args.nodes} nodes on the embedded store at {self.endpoint}  ",
+            f": {self.args.nodes} nodes on {self.store.description}  ",
             (self.phase, "bold cyan"),
             f"  {elapsed:.1f} s",
         )
@@ -318,6 +362,7 @@ class Demo:
             "ok": ok,
             "backend": self.args.backend,
             "endpoint": self.endpoint,
+            "store": self.store.description,
             "nodes": self.args.nodes,
             "killed": [node.name for node in self.victims],
             "first_round": self.rounds.get("first"),
@@ -337,7 +382,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     def row(label: str, text: str) -> None:
         lines.append(f"  {label:<13} {text}")
 
-    row("store", f"embedded, {summary['endpoint']} (backend {summary['backend']})")
+    row("store", f"{summary['store']} (backend {summary['backend']})")
     killed = summary["killed"]
     row(
         "nodes",

@@ -85,10 +85,11 @@ def run(args: argparse.Namespace) -> int:
             while True:
                 print(json.dumps(read()), flush=True)
                 time.sleep(args.interval)
-        with Live(render(read()), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(args.interval)
-                live.update(render(read()), refresh=True)
+        else:
+            with Live(render(read()), console=console, auto_refresh=False) as live:
+                while True:
+                    time.sleep(args.interval)
+                    live.update(render(read()), refresh=True)
     except KeyboardInterrupt:
         return ExitCode.OK
 
