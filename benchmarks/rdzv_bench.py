@@ -301,24 +301,15 @@ def verify_round(infos: Sequence[Any], size: int, check_participants: bool) -> N
             raise VerificationError(f"rank {info.rank} sees other participants than rank 0")
 
 
-def bench_first_round(impl: Impl, size: int, timeout: float) -> RoundTiming:
-    """A first round of ``size`` threaded nodes of ``impl`` on a fresh store server."""
-    run_id = f"bench-{impl.name}-{size}-{uuid.uuid4().hex[:8]}"
+def first_round_on(
+    impl: Impl, size: int, timeout: float, run_id: str, open_client: Callable[[], Any]
+) -> RoundTiming:
+    """A first round of ``size`` threaded nodes of ``impl``, each on a client of its own."""
     store_timeout = timedelta(seconds=timeout)
-    server = impl.store(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        use_libuv=True,
-        timeout=store_timeout,
-    )
     clients: list[Any] = []
 
     def make_node(index: int) -> Any:
-        client = impl.store(
-            "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=store_timeout
-        )
+        client = open_client()
         clients.append(client)
         return impl.handler.from_backend(
             run_id,
@@ -339,6 +330,29 @@ def bench_first_round(impl: Impl, size: int, timeout: float) -> RoundTiming:
     finally:
         for client in clients:
             close_store(client)
+
+
+def bench_first_round(impl: Impl, size: int, timeout: float) -> RoundTiming:
+    """A first round of ``size`` threaded nodes of ``impl`` on a fresh store server."""
+    run_id = f"bench-{impl.name}-{size}-{uuid.uuid4().hex[:8]}"
+    store_timeout = timedelta(seconds=timeout)
+    server = impl.store(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        use_libuv=True,
+        timeout=store_timeout,
+    )
+
+    def open_client() -> Any:
+        return impl.store(
+            "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=store_timeout
+        )
+
+    try:
+        return first_round_on(impl, size, timeout, run_id, open_client)
+    finally:
         close_store(server)
 
 
@@ -349,31 +363,14 @@ def bench_first_round_etcd(size: int, timeout: float, endpoint: str) -> RoundTim
     """A first round of ``size`` threaded nodes of ours, each with an EtcdStore client."""
     from tp_rdzv_etcd import EtcdStore
 
-    impl = load_impl("ours")
     run_id = f"bench-etcd-{size}-{uuid.uuid4().hex[:8]}"
-    store_timeout = timedelta(seconds=timeout)
-    clients: list[Any] = []
-
-    def make_node(index: int) -> Any:
-        client = EtcdStore(endpoint, f"/rdzv-bench/{run_id}/", timeout)
-        clients.append(client)
-        return impl.handler.from_backend(
-            run_id,
-            client,
-            impl.backend(client, run_id),
-            size,
-            size,
-            local_addr="127.0.0.1",
-            timeout=impl.timeout(join=store_timeout, last_call=timedelta(seconds=1)),
-            keep_alive_interval=5,
-            keep_alive_max_attempt=3,
-        )
-
-    try:
-        return time_first_round(size, make_node, timeout, impl)
-    finally:
-        for client in clients:
-            close_store(client)
+    return first_round_on(
+        load_impl("ours"),
+        size,
+        timeout,
+        run_id,
+        lambda: EtcdStore(endpoint, f"/rdzv-bench/{run_id}/", timeout),
+    )
 
 
 # -- 2. re-rendezvous after kill -9, as processes -------------------------------------

@@ -86,6 +86,15 @@ def run_tp_rdzv(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedPro
     )
 
 
+def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The one line a failed command wrote to stderr, checking that it exited with ``code``."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
 def unique_run_id() -> str:
     """A run id no other test uses."""
     return f"run-{time.monotonic_ns()}"

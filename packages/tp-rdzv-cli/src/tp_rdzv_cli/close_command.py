@@ -30,7 +30,6 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         help="close a rendezvous",
         description="Close a rendezvous: no new rounds; its agents exit.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_rendezvous_arguments(parser)
     add_observer_arguments(parser)

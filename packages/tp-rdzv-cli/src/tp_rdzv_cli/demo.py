@@ -108,7 +108,6 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         description="Run N local node processes on an embedded store, kill some, "
         "and watch the survivors re-form.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nodes", type=int, default=4, help="node processes (default 4)")
     parser.add_argument("--kill", type=int, default=1, help="nodes to kill -9 (default 1)")

@@ -40,7 +40,6 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         help="join a rendezvous and follow its rounds until it closes",
         description="Join a rendezvous as one node and re-join whenever membership changes.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_rendezvous_arguments(parser)
     parser.add_argument("--min", type=int, required=True, dest="min_nodes", help="min nodes")

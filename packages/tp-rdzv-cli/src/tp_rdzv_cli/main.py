@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import close_command, demo, join_command, status_command, store_command
 from .__about__ import __version__
@@ -21,7 +21,14 @@ _COMMANDS = (store_command, join_command, status_command, close_command, demo)
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Reports bad arguments in one line (no usage dump) and exits with 2."""
+    """Reports bad arguments in one line (no usage dump) and exits with 2.
+
+    Descriptions and epilogs (the examples) are printed as written.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see --help)\n")
@@ -44,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tp-rdzv",
         description="Run a rendezvous store, join, watch and close a rendezvous, or see a demo.",
         epilog=EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)

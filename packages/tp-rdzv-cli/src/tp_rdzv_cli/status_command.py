@@ -44,7 +44,6 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         help="show a rendezvous: round, participants, wait list, heartbeats",
         description="Show the state of a rendezvous, or with --store the store server's counters.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_rendezvous_arguments(parser, run_id_required=False)
     add_observer_arguments(parser)

@@ -29,7 +29,6 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         help="run a standalone store server",
         description="Serve a rendezvous store (PyTorch TCPStore protocol) until SIGINT/SIGTERM.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_server_arguments(parser)
     parser.add_argument(
