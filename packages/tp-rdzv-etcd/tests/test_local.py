@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from tp_rdzv_etcd import EtcdStore
-from tp_rdzv_etcd.local import BINARY_ENV, EtcdNotFoundError, LocalEtcd, find_etcd, free_ports
+from tp_rdzv_etcd.local import (
+    BINARY_ENV,
+    EtcdNotFoundError,
+    EtcdTls,
+    LocalEtcd,
+    find_etcd,
+    free_ports,
+)
 
 
 def test_endpoints_are_the_members_client_urls() -> None:
@@ -19,6 +26,21 @@ def test_endpoints_are_the_members_client_urls() -> None:
     assert [member.name for member in etcd.members] == ["m0", "m1", "m2"]
     assert not any(member.alive() for member in etcd.members)
     assert len(set(urls)) == 3
+
+
+def test_tls_members_serve_https() -> None:
+    etcd = LocalEtcd(2, tls=EtcdTls("s.pem", "s.key"))
+    assert all(re.fullmatch(r"https://127\.0\.0\.1:\d+", url) for url in etcd.endpoints.split(","))
+
+
+def test_tls_flags() -> None:
+    assert EtcdTls("s.pem", "s.key").flags() == ["--cert-file=s.pem", "--key-file=s.key"]
+    assert EtcdTls("s.pem", "s.key", client_ca="ca.pem").flags() == [
+        "--cert-file=s.pem",
+        "--key-file=s.key",
+        "--client-cert-auth",
+        "--trusted-ca-file=ca.pem",
+    ]
 
 
 def test_free_ports_are_distinct() -> None:

@@ -15,8 +15,10 @@ them to find out themselves.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +30,7 @@ from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
     NewConnectionError,
+    ProtocolError,
     ReadTimeoutError,
     SSLError,
 )
@@ -45,6 +48,11 @@ Json = dict[str, Any]
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 #: gRPC UNAUTHENTICATED: the auth token expired or was revoked.
 _UNAUTHENTICATED = 16
+#: gRPC INVALID_ARGUMENT, which etcd also answers when a token predates the
+#: last change of users, roles or permissions (always so for JWT tokens, which
+#: carry the auth revision they were issued at): a new token is the cure.
+_INVALID_ARGUMENT = 3
+_OLD_AUTH_REVISION = "revision of auth store is old"
 #: Passes over every member, all unreachable, before a call gives up early.
 _UNREACHABLE_PASSES = 3
 _FIRST_BACKOFF = 0.05
@@ -103,6 +111,7 @@ class EtcdGateway:
         self._credentials = credentials
         self._attempt_timeout = attempt_timeout
         tls = tls or TlsFiles()
+        self._client_cert = tls.cert
         self._pool = urllib3.PoolManager(
             num_pools=len(self.endpoints) + 1,
             maxsize=_POOL_SIZE,
@@ -181,7 +190,7 @@ class EtcdGateway:
         if response.status == 200:
             return _decode(response.data, endpoint, path)
         error = _decode_error(response.data)
-        if error.get("code") == _UNAUTHENTICATED and self._credentials is not None:
+        if _stale_token(error) and self._credentials is not None:
             self._authenticate(endpoint, remaining, stale=True)
             return self._post_once_more(endpoint, path, payload, remaining)
         raise _failure(endpoint, path, response.status, error)
@@ -222,7 +231,7 @@ class EtcdGateway:
                     return response
                 error = _decode_error(response.read())
                 response.close()
-                if error.get("code") == _UNAUTHENTICATED and self._credentials is not None:
+                if _stale_token(error) and self._credentials is not None:
                     self._authenticate(endpoint, remaining, stale=True)
                     reached_any = True
                     continue
@@ -276,16 +285,49 @@ class EtcdGateway:
             # Nothing was sent: any request may go elsewhere.
             raise _Unavailable(f"cannot connect: {exc}", reached=False, ambiguous=False) from exc
         except SSLError as exc:
+            # Not retried elsewhere: every member of a cluster has the same
+            # certificates, so the next would refuse the same way.
             raise StoreConnectionError(
-                f"etcd {endpoint}: TLS failed: {exc}", endpoint.host, endpoint.port
+                f"etcd {endpoint}: TLS failed: {exc}{self._tls_hint(exc)}",
+                endpoint.host,
+                endpoint.port,
             ) from exc
         except ReadTimeoutError as exc:
             raise _Unavailable(
                 f"no answer in {attempt:.1f} s", reached=True, ambiguous=True
             ) from exc
+        except ProtocolError as exc:
+            if not any(isinstance(arg, http.client.RemoteDisconnected) for arg in exc.args):
+                raise _Unavailable(f"connection lost: {exc}", reached=True, ambiguous=True) from exc
+            # Closed without a byte of answer. The request may have been
+            # applied (a member killed at that moment), but this member did
+            # not serve it: like an unreachable one, it counts toward giving up
+            # early. An https member does this to every plain-http request.
+            hint = " (an https member does that to http: protocol https?)"
+            raise _Unavailable(
+                "closed the connection without answering"
+                + (hint if endpoint.scheme == "http" else ""),
+                reached=False,
+                ambiguous=True,
+            ) from exc
         except HTTPError as exc:
             # The connection broke after the request went out.
             raise _Unavailable(f"connection lost: {exc}", reached=True, ambiguous=True) from exc
+
+    def _tls_hint(self, exc: SSLError) -> str:
+        """What to check when a TLS failure may be a missing client certificate.
+
+        A member that requires one and gets none aborts the handshake: OpenSSL
+        reports a "bad certificate" alert or just an EOF (whichever comes
+        first), never a message that says a client certificate was wanted.
+        """
+        about_member = any(
+            isinstance(error, ssl.SSLCertVerificationError)
+            for error in (*exc.args, exc.__cause__, exc.__context__)
+        )
+        if about_member or self._client_cert is not None:
+            return ""  # the message (which certificate failed to verify) says enough
+        return " (does the member require a client certificate? set cert and key)"
 
     def _authenticate(self, endpoint: Endpoint, remaining: float, *, stale: bool) -> None:
         """Get an auth token for ``credentials`` (a new one if ``stale``)."""
@@ -330,6 +372,13 @@ def _decode_error(data: bytes) -> Json:
     except ValueError:
         return {"message": data[:200].decode("utf-8", "replace")}
     return error if isinstance(error, dict) else {"message": str(error)[:200]}
+
+
+def _stale_token(error: Json) -> bool:
+    """Whether an error answer means "authenticate again and retry"."""
+    code = error.get("code")
+    message = str(error.get("message") or error.get("error") or "")
+    return code == _UNAUTHENTICATED or (code == _INVALID_ARGUMENT and _OLD_AUTH_REVISION in message)
 
 
 def _failure(endpoint: Endpoint, path: str, status: int, error: Json) -> Exception:

@@ -6,6 +6,10 @@
     with LocalEtcd() as etcd:
         print(etcd.endpoints)  # http://127.0.0.1:<port>, an etcd rendezvous endpoint
 
+With ``tls=EtcdTls(cert, key)`` the members serve clients over ``https``
+(and with ``client_ca`` they also require a client certificate signed by it);
+peers still talk plain HTTP among themselves on loopback.
+
 A member counts as started once it logs that it serves client traffic (an
 event read from its log, not a guess). Nothing here is meant for data that
 must survive: ``stop()`` is ``kill -9``.
@@ -21,6 +25,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -28,6 +33,8 @@ import time
 import urllib.request
 import uuid
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -36,6 +43,7 @@ __all__ = [
     "BINARY_ENV",
     "EtcdMember",
     "EtcdNotFoundError",
+    "EtcdTls",
     "LocalEtcd",
     "etcd_version",
     "find_etcd",
@@ -92,14 +100,63 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS of the members' client URLs (PEM file paths).
+
+    Args:
+        cert: the members' server certificate; it must be valid for
+            ``127.0.0.1`` (a subject alternative name ``IP:127.0.0.1``).
+        key: its private key (unencrypted).
+        client_ca: when given, members require every client to present a
+            certificate signed by this CA (``--client-cert-auth
+            --trusted-ca-file``). etcd 3.4's JSON gateway then presents
+            ``cert`` to the member's own gRPC server, so ``cert`` must be
+            signed by ``client_ca`` too and allow client authentication
+            (extended key usage ``clientAuth`` as well as ``serverAuth``).
+    """
+
+    cert: str | Path
+    key: str | Path
+    client_ca: str | Path | None = None
+
+    def flags(self) -> list[str]:
+        """The etcd command-line flags of this TLS setup."""
+        flags = [f"--cert-file={self.cert}", f"--key-file={self.key}"]
+        if self.client_ca is not None:
+            flags += ["--client-cert-auth", f"--trusted-ca-file={self.client_ca}"]
+        return flags
+
+    def status_context(self) -> ssl.SSLContext:
+        """The TLS context :meth:`EtcdMember.status` talks to a member with.
+
+        It does not verify the member: this module only talks to the
+        processes it started, on loopback, and verifying them needs the CA
+        that signed ``cert``, which this class is not told (verification is
+        the clients' business, e.g. ``EtcdStore(cacert=...)``). It presents
+        ``cert`` when members require a client certificate (valid for that,
+        see the class docstring).
+        """
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if self.client_ca is not None:
+            context.load_cert_chain(self.cert, self.key)
+        return context
+
+
 class EtcdMember:
     """One etcd process of a :class:`LocalEtcd`; its data is under ``data_dir``."""
 
-    def __init__(self, name: str, client_port: int, peer_port: int) -> None:
+    def __init__(
+        self, name: str, client_port: int, peer_port: int, tls: EtcdTls | None = None
+    ) -> None:
         self.name = name
         self.client_port = client_port
         self.peer_port = peer_port
-        self.client_url = f"http://127.0.0.1:{client_port}"
+        self.tls = tls
+        scheme = "http" if tls is None else "https"
+        self.client_url = f"{scheme}://127.0.0.1:{client_port}"
         self.peer_url = f"http://127.0.0.1:{peer_port}"
         self.data_dir: Path | None = None
         #: The last lines the member logged (to stderr), for error messages.
@@ -107,11 +164,22 @@ class EtcdMember:
         self._proc: subprocess.Popen[str] | None = None
         self._settled = threading.Event()  # set on the ready line, or at the log's end
         self._serving = False
+        self._logged = threading.Condition()  # notified on every line, and at the log's end
+        self._log_ended = False
 
     def __repr__(self) -> str:
         return f"EtcdMember({self.name!r}, {self.client_url!r})"
 
-    def _start(self, binary: str, data_dir: Path, cluster: str, token: str, fast: bool) -> None:
+    def _start(
+        self,
+        binary: str,
+        data_dir: Path,
+        *,
+        cluster: str,
+        token: str,
+        fast: bool,
+        extra_args: Sequence[str],
+    ) -> None:
         self.data_dir = data_dir
         command = [
             binary,
@@ -131,6 +199,9 @@ class EtcdMember:
             # A new leader within about a second of the old one's death
             # (etcd's defaults: 100 ms and 1000 ms).
             command += ["--heartbeat-interval=50", "--election-timeout=500"]
+        if self.tls is not None:
+            command += self.tls.flags()
+        command += extra_args
         proc = self._proc = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -147,11 +218,35 @@ class EtcdMember:
         # Read to the end even once ready: a full pipe would block etcd.
         with stderr:
             for line in stderr:
-                self.log.append(line.rstrip("\n"))
+                with self._logged:
+                    self.log.append(line.rstrip("\n"))
+                    self._logged.notify_all()
                 if not self._serving and _READY in line:
                     self._serving = True
                     self._settled.set()
         self._settled.set()  # it died: nobody waits for the ready line in vain
+        with self._logged:
+            self._log_ended = True
+            self._logged.notify_all()
+
+    def wait_for_log(self, *fragments: str, timeout: float) -> str | None:
+        """The first line of :attr:`log` containing every fragment, waiting for one.
+
+        Lines logged before the call count (as far as :attr:`log` still holds
+        them). ``None`` when no such line comes within ``timeout`` seconds or
+        the member exits first. For tests awaiting what etcd reports it did
+        (e.g. ``"deleted a simple token"``) instead of sleeping.
+        """
+        deadline = time.monotonic() + timeout
+        with self._logged:
+            while True:
+                for line in self.log:
+                    if all(fragment in line for fragment in fragments):
+                        return line
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._log_ended:
+                    return None
+                self._logged.wait(remaining)
 
     def _wait_serving(self, timeout: float) -> bool:
         return self._settled.wait(timeout) and self._serving and self.alive()
@@ -173,7 +268,8 @@ class EtcdMember:
             data=b"{}",
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=5) as response:
+        context = None if self.tls is None else self.tls.status_context()
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
             answer: dict[str, object] = json.loads(response.read())
             return answer
 
@@ -186,7 +282,9 @@ class LocalEtcd:
     temporary dir, which :meth:`stop` removes (a given ``data_root`` is the
     caller's to keep or remove). ``fast_elections`` makes an election take
     under a second instead of one to two, for tests that kill the leader.
-    ``binary`` is as for :func:`find_etcd`.
+    ``binary`` is as for :func:`find_etcd`. ``tls`` makes the client URLs
+    ``https`` (see :class:`EtcdTls`); ``extra_args`` are more etcd flags for
+    every member (e.g. ``--auth-token-ttl=2``).
     """
 
     def __init__(
@@ -196,14 +294,19 @@ class LocalEtcd:
         binary: str | None = None,
         data_root: str | Path | None = None,
         fast_elections: bool = False,
+        tls: EtcdTls | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
         ports = free_ports(2 * size)
-        self.members = [EtcdMember(f"m{i}", ports[2 * i], ports[2 * i + 1]) for i in range(size)]
+        self.members = [
+            EtcdMember(f"m{i}", ports[2 * i], ports[2 * i + 1], tls) for i in range(size)
+        ]
         self._binary = binary
         self._data_root = None if data_root is None else Path(data_root)
         self._fast_elections = fast_elections
+        self._extra_args = tuple(extra_args)
         self._temp_root: Path | None = None  # the dir this made, so stop() removes it
         self._started = False
 
@@ -236,7 +339,14 @@ class LocalEtcd:
             # Members check it: one per cluster keeps stray peers of other clusters out.
             token = f"tp-{uuid.uuid4().hex}"
             for member in self.members:
-                member._start(binary, root / member.name, cluster, token, self._fast_elections)
+                member._start(
+                    binary,
+                    root / member.name,
+                    cluster=cluster,
+                    token=token,
+                    fast=self._fast_elections,
+                    extra_args=self._extra_args,
+                )
             # Started together: a member of several is ready only once it has a quorum.
             deadline = time.monotonic() + timeout
             for member in self.members:
