@@ -31,6 +31,8 @@ from tp_store.protocol import (
     VALIDATE_MAGIC,
     Add,
     Append,
+    AuthChallenge,
+    AuthProof,
     Barrier,
     CancelWait,
     Check,
@@ -116,6 +118,8 @@ REQUEST_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Barrier: st.builds(Barrier, KEYS, I64),
     WaitGet: st.builds(WaitGet, KEY_TUPLES),
     Stats: st.just(Stats()),
+    AuthChallenge: st.builds(AuthChallenge, KEYS),
+    AuthProof: st.builds(AuthProof, KEYS),
 }
 REQUESTS: st.SearchStrategy[Request] = st.one_of(*REQUEST_STRATEGIES.values())
 VALIDATE = Validate().encode()
@@ -670,6 +674,9 @@ def server_stats(**overrides: Any) -> dict[str, Any]:
         "connections_open": 2,
         "connections_accepted": 7,
         "connections_protocol_errors": 1,
+        "connections_refused": 0,
+        "connections_timed_out": 0,
+        "connections_auth_failures": 0,
         "waiters_parked": 1,
         "keys": 3,
         "bytes_received": 400,
@@ -689,6 +696,9 @@ def server_stats(**overrides: Any) -> dict[str, Any]:
             "connections_open": COUNTS,
             "connections_accepted": COUNTS,
             "connections_protocol_errors": COUNTS,
+            "connections_refused": COUNTS,
+            "connections_timed_out": COUNTS,
+            "connections_auth_failures": COUNTS,
             "waiters_parked": COUNTS,
             "keys": COUNTS,
             "bytes_received": COUNTS,

@@ -17,8 +17,14 @@ EXAMPLES = """examples:
   tp-rdzv store --host 0.0.0.0 --port 29400    # for the whole cluster
   tp-rdzv store --port 0 --json                # a free port, endpoint as JSON
   tp-rdzv store --port 29400 --metrics-port 9400   # Prometheus at :9400/metrics
+  TP_STORE_SECRET_FILE=/etc/tp/secret tp-rdzv store --host 0.0.0.0 \
+      --tls-cert node.pem --tls-key node.key --tls-client-ca ca.pem   # TLS + secret
 
-It prints its endpoint once listening and serves until SIGINT or SIGTERM."""
+It prints its endpoint once listening and serves until SIGINT or SIGTERM.
+Nodes then need the same secret and TLS files: join/status/close take them as
+--config keys (tls_ca=ca.pem,tls_cert=node.pem,tls_key=node.key,secret_file=...)
+or the secret from TP_STORE_SECRET / TP_STORE_SECRET_FILE. PyTorch clients
+cannot use a store that has a secret or TLS."""
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
@@ -53,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     stoppers = []
 
     def ready(server: StoreServer) -> None:
-        document: dict[str, Any] = {"event": "listening", "endpoint": server.endpoint}
+        document: dict[str, Any] = {
+            "event": "listening",
+            "endpoint": server.endpoint,
+            "tls": server.ssl is not None,
+            "secret_required": server.secret is not None,
+        }
         if args.metrics_port is not None:
             from .metrics import serve_metrics  # noqa: PLC0415 - prometheus is optional
 
@@ -64,7 +75,13 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(document), flush=True)
         else:
-            extra = f"; metrics at {document['metrics']}" if "metrics" in document else ""
+            extra = "".join(
+                (
+                    " (TLS)" if document["tls"] else "",
+                    " (secret required)" if document["secret_required"] else "",
+                    f"; metrics at {document['metrics']}" if "metrics" in document else "",
+                )
+            )
             print(f"store listening on {server.endpoint}{extra}", flush=True)
 
     try:

@@ -4,6 +4,21 @@ Config keys (times in seconds; strings from a command line are fine):
 ``is_host``, ``read_timeout`` (60), ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``heartbeat_timeout``, ``keep_alive_interval`` (5),
 ``keep_alive_max_attempt`` (3) and ``store_type`` (``tcp`` or ``file``).
+
+Securing the TCP store (paths of PEM files; see ``tp_store.TCPStore``):
+
+- ``tls_cert``, ``tls_key``: the hosting node serves TLS with them; other
+  nodes present them to a store that requires client certificates;
+- ``tls_ca``: the CA of the store's certificate; with it a node connects
+  over TLS and checks the certificate against the endpoint's host;
+- ``tls_client_ca``: the hosting node requires client certificates signed by it;
+- ``secret_file``: a file holding the shared secret every node must prove
+  (else ``TP_STORE_SECRET`` or ``TP_STORE_SECRET_FILE`` from the environment).
+  The secret itself is never a config value: configs end up on command lines.
+
+The same keys work for every node: give them all ``tls_cert``, ``tls_key``
+and ``tls_ca``. A wrong or missing secret, or a failed TLS handshake, is a
+``RendezvousConnectionError`` naming the store.
 """
 
 from __future__ import annotations
@@ -25,6 +40,8 @@ from .tp_backend import TpRendezvousBackend
 DEFAULT_PORT = 29400
 _DEFAULT_READ_TIMEOUT = 60.0
 _STORE_TYPES = ("tcp", "file")
+#: Config keys naming files that secure the TCP store, as TCPStore's keyword arguments.
+SECURITY_KEYS = ("tls_cert", "tls_key", "tls_ca", "tls_client_ca", "secret_file")
 
 
 def create_core_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
@@ -95,14 +112,40 @@ def create_store(params: RendezvousParameters) -> Store:
         if raw_timeout is None
         else to_seconds("read_timeout", raw_timeout).total_seconds()
     )
+    security = store_security(params)
     if store_type.strip().lower() == "file":
         if not params.endpoint.strip():
             raise ValueError("store_type=file needs the endpoint to be the path of the store file")
+        if security:
+            raise ValueError(
+                f"rendezvous config options {', '.join(sorted(security))} apply to "
+                "store_type=tcp only"
+            )
         return FileStore(params.endpoint.strip(), timeout=read_timeout)
-    return _tcp_store(params, read_timeout)
+    return _tcp_store(params, read_timeout, security)
 
 
-def _tcp_store(params: RendezvousParameters, read_timeout: float) -> TCPStore:
+def store_security(params: RendezvousParameters) -> dict[str, str]:
+    """The :data:`SECURITY_KEYS` that ``params`` set, as TCPStore keyword arguments.
+
+    Raises ``ValueError`` naming a key whose value is not a non-empty path.
+    """
+    found: dict[str, str] = {}
+    for key in SECURITY_KEYS:
+        value = params.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(
+                f"rendezvous config option {key!r} must be the path of a file, got {value!r}"
+            )
+        found[key] = value.strip()
+    return found
+
+
+def _tcp_store(
+    params: RendezvousParameters, read_timeout: float, security: dict[str, str]
+) -> TCPStore:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
     asked = params.get_as_bool("is_host")
     hosting = is_local_address(host) if asked is None else asked
@@ -110,7 +153,7 @@ def _tcp_store(params: RendezvousParameters, read_timeout: float) -> TCPStore:
     if hosting:
         try:
             # multi_tenant: several nodes of one process share the server.
-            return TCPStore(host, port, is_master=True, timeout=read_timeout, multi_tenant=True)
+            return _open_tcp_store(host, port, read_timeout, security, master=True)
         except StoreError as exc:
             if asked:
                 raise RendezvousConnectionError(
@@ -118,11 +161,30 @@ def _tcp_store(params: RendezvousParameters, read_timeout: float) -> TCPStore:
                 ) from exc
             # Guessed from the address: another process of this machine hosts it.
     try:
-        return TCPStore(host, port, timeout=read_timeout)
+        return _open_tcp_store(host, port, read_timeout, security, master=False)
     except StoreError as exc:
         raise RendezvousConnectionError(
             f"cannot reach the rendezvous store at {endpoint}: {exc}"
         ) from exc
+
+
+def _open_tcp_store(
+    host: str, port: int, read_timeout: float, security: dict[str, str], *, master: bool
+) -> TCPStore:
+    return TCPStore(
+        host,
+        port,
+        is_master=master,
+        timeout=read_timeout,
+        # Several nodes of one process share the server.
+        multi_tenant=master,
+        tls_cert=security.get("tls_cert"),
+        tls_key=security.get("tls_key"),
+        tls_ca=security.get("tls_ca"),
+        # The hosting node's option alone.
+        tls_client_ca=security.get("tls_client_ca") if master else None,
+        secret_file=security.get("secret_file"),
+    )
 
 
 def is_local_address(host: str) -> bool:

@@ -5,14 +5,17 @@ from .base import DEFAULT_TIMEOUT, Store, UnsupportedOperationError
 from .errors import (
     ProtocolError,
     QueueEmptyError,
+    StoreAuthenticationError,
     StoreConnectionError,
     StoreError,
+    StoreLimitError,
     StoreTimeoutError,
 )
 from .file_store import FileStore
 from .hash_store import HashStore
 from .prefix_store import PrefixStore
 from .protocol import Limits, ServerStats
+from .security import TLSConfig
 from .server import StoreServer
 from .tcp_store import TCPStore
 
@@ -26,11 +29,14 @@ __all__ = [
     "QueueEmptyError",
     "ServerStats",
     "Store",
+    "StoreAuthenticationError",
     "StoreConnectionError",
     "StoreError",
+    "StoreLimitError",
     "StoreServer",
     "StoreTimeoutError",
     "TCPStore",
+    "TLSConfig",
     "UnsupportedOperationError",
     "__version__",
 ]

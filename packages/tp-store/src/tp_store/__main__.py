@@ -1,7 +1,9 @@
 """``python -m tp_store``: a standalone store server, until SIGINT or SIGTERM.
 
 The argument definitions and the serving loop are reusable: ``tp-rdzv store``
-builds on them.
+builds on them. The secret is never an argument (the process list shows
+arguments to every user): ``--secret-file``, or the environment's
+``TP_STORE_SECRET`` or ``TP_STORE_SECRET_FILE``.
 """
 
 from __future__ import annotations
@@ -14,24 +16,110 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .protocol import Limits
-from .server import DEFAULT_BACKLOG, StoreServer, new_event_loop
+from .security import SECRET_ENV, SECRET_FILE_ENV, load_secret, server_ssl_context
+from .server import (
+    DEFAULT_BACKLOG,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_TIMEOUT,
+    StoreServer,
+    new_event_loop,
+)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of a store server: address, backlog and request limits."""
+    """The options of a store server: address, backlog, limits, TLS and the secret file."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind ('' for all)")
     parser.add_argument("--port", type=int, default=29400, help="port (0 picks a free one)")
     parser.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG, help="listen backlog")
     defaults = Limits()
-    parser.add_argument("--max-key-bytes", type=int, default=defaults.max_key_bytes)
-    parser.add_argument("--max-value-bytes", type=int, default=defaults.max_value_bytes)
-    parser.add_argument("--max-keys-per-request", type=int, default=defaults.max_keys_per_request)
+    limits = parser.add_argument_group("limits (a request over one closes its connection)")
+    limits.add_argument("--max-key-bytes", type=int, default=defaults.max_key_bytes)
+    limits.add_argument("--max-value-bytes", type=int, default=defaults.max_value_bytes)
+    limits.add_argument("--max-keys-per-request", type=int, default=defaults.max_keys_per_request)
+    limits.add_argument(
+        "--max-keys",
+        type=int,
+        default=defaults.max_keys,
+        help="keys and queued values stored at most (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=defaults.max_message_bytes,
+        help="bytes of one request or reply at most (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most; more are closed at once (default %(default)s)",
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        help="seconds a request, the TLS handshake or authentication may take to arrive "
+        "whole (idle and waiting connections are never timed out; default %(default)s)",
+    )
+    security = parser.add_argument_group(
+        "security (off by default)",
+        f"The secret comes from --secret-file, or ${SECRET_ENV}, or ${SECRET_FILE_ENV}; "
+        "never from an argument. With one, PyTorch clients are refused.",
+    )
+    security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate")
+    security.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    security.add_argument(
+        "--tls-client-ca", metavar="PEM", help="require client certificates signed by this CA"
+    )
+    security.add_argument(
+        "--secret-file", metavar="PATH", help="require clients to prove the secret in this file"
+    )
+    # Without it, argparse would take "--secret VALUE" as an abbreviation of
+    # --secret-file: say plainly instead that a secret is never an argument.
+    security.add_argument("--secret", action=_RefuseSecretArgument, help=argparse.SUPPRESS)
+
+
+class _RefuseSecretArgument(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"a secret is never a command-line argument (every user can read those): use "
+            f"--secret-file, ${SECRET_ENV} or ${SECRET_FILE_ENV}"
+        )
 
 
 def server_from_arguments(args: argparse.Namespace) -> StoreServer:
-    """The server the options of :func:`add_server_arguments` describe (``ValueError`` if bad)."""
-    limits = Limits(args.max_key_bytes, args.max_value_bytes, args.max_keys_per_request)
-    return StoreServer(args.host, args.port, backlog=args.backlog, limits=limits)
+    """The server the options of :func:`add_server_arguments` describe (``ValueError`` if bad,
+    including TLS files that cannot be loaded and an unreadable secret file)."""
+    limits = Limits(
+        args.max_key_bytes,
+        args.max_value_bytes,
+        args.max_keys_per_request,
+        args.max_keys,
+        args.max_message_bytes,
+    )
+    if args.tls_cert is None and (args.tls_key is not None or args.tls_client_ca is not None):
+        raise ValueError("--tls-key and --tls-client-ca need --tls-cert")
+    context = (
+        None
+        if args.tls_cert is None
+        else server_ssl_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+    )
+    return StoreServer(
+        args.host,
+        args.port,
+        backlog=args.backlog,
+        limits=limits,
+        ssl=context,
+        secret=load_secret(secret_file=args.secret_file),
+        max_connections=args.max_connections,
+        request_timeout=args.request_timeout,
+    )
 
 
 def serve(server: StoreServer, on_ready: Callable[[StoreServer], None]) -> None:

@@ -31,6 +31,23 @@ class StoreConnectionError(StoreError, ConnectionError):
         self.port = port
 
 
+class StoreAuthenticationError(StoreConnectionError):
+    """The store and this client do not share a secret, or only one of them has one.
+
+    Raised when connecting: the server refused our proof, could not prove it
+    knows the secret, or has no secret while this client has one (a
+    misconfiguration that must not pass silently).
+    """
+
+
+class StoreLimitError(ValueError):
+    """A request would take the store past one of its configured limits.
+
+    The server closes the offending connection: PyTorch's wire protocol has
+    no error reply.
+    """
+
+
 class QueueEmptyError(StoreError):
     """``queue_pop(key, block=False)`` found the queue empty."""
 

@@ -7,23 +7,40 @@ accept a byte stream split anywhere. Malformed input raises
 
 The framing is PyTorch's (see ``tcpstore-wire-protocol.md``): an opcode byte,
 then fields; integers little-endian; byte strings as a ``u64`` length and the
-raw bytes. Our own client and server also understand two extension opcodes,
-``WAIT_GET`` and ``STATS``, negotiated through the handshake PING so that a
-PyTorch peer never sees them.
+raw bytes. Our own client and server also understand extension opcodes
+(``WAIT_GET``, ``STATS`` and the authentication exchange ``AUTH_CHALLENGE``
+and ``AUTH_PROOF``), negotiated through the handshake PING so that a PyTorch
+peer never sees them.
+
+Authentication is a shared-secret challenge-response that never puts the
+secret on the wire (see :class:`ClientAuthenticator` and
+:class:`ServerAuthenticator`)::
+
+    client -> AUTH_CHALLENGE(client_nonce)      32 random bytes
+    server -> server_nonce                      32 random bytes; empty: no secret here
+    client -> AUTH_PROOF(HMAC(secret, "client", server_nonce, client_nonce))
+    server -> HMAC(secret, "server", server_nonce, client_nonce)
+              or empty bytes and the connection closed when the proof is wrong
+
+Both sides prove they know the secret: the server's proof lets the client
+refuse a server that merely accepts everything.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import json
 import math
+import os
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Final, TypedDict, cast
 
-from .errors import ProtocolError
+from .errors import ProtocolError, StoreAuthenticationError
 
 #: The magic number a client sends in VALIDATE.
 VALIDATE_MAGIC: Final = 0x3C85F7CE
@@ -34,6 +51,10 @@ EXTENSION_OFFER: Final = 0x54505801
 #: What our server answers to :data:`EXTENSION_OFFER`. A PyTorch server
 #: echoes the nonce instead, which tells our client to speak plain PyTorch.
 EXTENSION_ACCEPT: Final = 0x54505802
+#: What our server answers to :data:`EXTENSION_OFFER` when it has a secret:
+#: the extensions are accepted, and nothing else will be until the client
+#: authenticates (so a client without a secret can say so at once).
+EXTENSION_ACCEPT_AUTH: Final = 0x54505803
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -67,6 +88,10 @@ class Opcode(enum.IntEnum):
     WAIT_GET = 0xE0
     #: Extension: the server's counters, as a JSON document (see :class:`ServerStats`).
     STATS = 0xE1
+    #: Extension: start authenticating; the client's nonce in, the server's out.
+    AUTH_CHALLENGE = 0xE2
+    #: Extension: the client's proof of the secret in, the server's proof out.
+    AUTH_PROOF = 0xE3
 
 
 class WaitReply(enum.IntEnum):
@@ -85,17 +110,34 @@ class CheckReply(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Limits:
-    """Field limits a server enforces (PyTorch's libuv server has the same defaults)."""
+    """The limits a server enforces on requests and on what it stores.
+
+    The first three are PyTorch's libuv server's. The others bound memory:
+    ``max_keys`` counts keys and queued values together (a request that would
+    store one more closes its connection), and ``max_message_bytes`` bounds
+    one request and one reply (a MULTI_GET of a big value a million times
+    would otherwise build its reply in memory). ``max_value_bytes`` also
+    bounds what APPEND grows a value to.
+    """
 
     max_key_bytes: int = 8 * 1024
     max_value_bytes: int = 8 * 1024 * 1024
     max_keys_per_request: int = 128 * 1024
+    max_keys: int = 1_000_000
+    max_message_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_key_bytes", "max_value_bytes", "max_keys_per_request"):
-            value = getattr(self, name)
+        for field in fields(self):
+            value = getattr(self, field.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+                raise ValueError(f"Limits.{field.name} must be a positive int, got {value!r}")
+        # A SET of the biggest key and value must fit in one message.
+        smallest = 1 + 16 + self.max_key_bytes + self.max_value_bytes
+        if self.max_message_bytes < smallest:
+            raise ValueError(
+                f"Limits.max_message_bytes must be at least {smallest} (a SET of the biggest "
+                f"key and value), got {self.max_message_bytes}"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -257,6 +299,22 @@ class Stats(Message):
     opcode: ClassVar[Opcode] = Opcode.STATS
 
 
+@dataclass(frozen=True)
+class AuthChallenge(Message):
+    """Extension: the client's nonce; answered with the server's (empty: no secret)."""
+
+    opcode: ClassVar[Opcode] = Opcode.AUTH_CHALLENGE
+    nonce: bytes
+
+
+@dataclass(frozen=True)
+class AuthProof(Message):
+    """Extension: the client's proof; answered with the server's (empty: refused)."""
+
+    opcode: ClassVar[Opcode] = Opcode.AUTH_PROOF
+    proof: bytes
+
+
 Request = (
     Validate
     | Set
@@ -279,6 +337,8 @@ Request = (
     | Barrier
     | WaitGet
     | Stats
+    | AuthChallenge
+    | AuthProof
 )
 
 
@@ -326,6 +386,8 @@ _LAYOUTS: dict[int, tuple[type[Request], tuple[_Field, ...]]] = {
     Opcode.BARRIER: (Barrier, (_Field.KEY, _Field.I64)),
     Opcode.WAIT_GET: (WaitGet, (_Field.KEYS,)),
     Opcode.STATS: (Stats, ()),
+    Opcode.AUTH_CHALLENGE: (AuthChallenge, (_Field.KEY,)),
+    Opcode.AUTH_PROOF: (AuthProof, (_Field.KEY,)),
 }
 
 
@@ -392,6 +454,7 @@ class RequestParser:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self._limits = limits or Limits()
+        self._max_message = self._limits.max_message_bytes
         self._buf = bytearray()
         self._validated = False
         self._progress: _Progress | None = None
@@ -491,6 +554,12 @@ class RequestParser:
         if size > limit:
             raise ProtocolError(f"{what} of {size} bytes exceeds the limit of {limit}")
         end = start + 8 + size
+        # The buffer starts with this request, so ``end`` is its size so far:
+        # refused from the length prefix, before the bytes are buffered.
+        if end > self._max_message:
+            raise ProtocolError(
+                f"request of at least {end} bytes exceeds the limit of {self._max_message}"
+            )
         if end > len(buf):
             raise _NeedMoreData
         progress.pos = end
@@ -570,6 +639,14 @@ class ServerStats(TypedDict):
     #: Connections the server closed because of a protocol error (malformed or
     #: out-of-order request, over a limit, ADD on a non-integer).
     connections_protocol_errors: int
+    #: Connections closed as soon as accepted: ``max_connections`` were open.
+    connections_refused: int
+    #: Connections closed because a request (or the handshake, or the
+    #: authentication) did not arrive whole within the request timeout.
+    connections_timed_out: int
+    #: Connections closed for a wrong proof of the secret, or for a request
+    #: sent before authenticating to a server that has a secret.
+    connections_auth_failures: int
     #: Connections parked now in WAIT, WAIT_GET or BARRIER.
     waiters_parked: int
     #: Keys stored now (what GETNUMKEYS answers).
@@ -587,6 +664,9 @@ _STATS_COUNTS: Final = (
     "connections_open",
     "connections_accepted",
     "connections_protocol_errors",
+    "connections_refused",
+    "connections_timed_out",
+    "connections_auth_failures",
     "waiters_parked",
     "keys",
     "bytes_received",
@@ -637,6 +717,124 @@ def decode_stats(document: bytes) -> ServerStats:
     if not isinstance(ops, dict) or not all(_is_count(count) for count in ops.values()):
         raise ProtocolError(f"statistics field 'ops' must map names to counts, got {ops!r:.200}")
     return cast(ServerStats, stats)
+
+
+# ---------------------------------------------------------------------------
+# Authentication (the AUTH_CHALLENGE and AUTH_PROOF extension)
+# ---------------------------------------------------------------------------
+
+#: Size of each side's nonce; fixed, so the MAC's input has one parse.
+AUTH_NONCE_BYTES: Final = 32
+#: Size of a proof (an HMAC-SHA256).
+AUTH_PROOF_BYTES: Final = 32
+# Binds a proof to this protocol and version: a MAC computed with the same
+# secret for anything else can never pass for one.
+_AUTH_CONTEXT: Final = b"tp-store auth v1\x00"
+_CLIENT_ROLE: Final = b"client"
+_SERVER_ROLE: Final = b"server"
+
+
+def auth_proof(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """HMAC-SHA256 of both nonces under ``secret``, for ``role`` (``b"client"`` or ``b"server"``).
+
+    The role is part of the input so that the server's proof can never be
+    replayed as the client's, nor the client's as the server's.
+    """
+    message = _AUTH_CONTEXT + role + server_nonce + client_nonce
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def check_secret(secret: bytes) -> bytes:
+    """``secret`` if it can be used, else ``ValueError`` (never echoing the secret)."""
+    if not isinstance(secret, bytes):
+        raise TypeError(f"a store secret must be bytes, got {type(secret).__name__}")
+    if not secret:
+        raise ValueError("a store secret must not be empty")
+    return secret
+
+
+class ClientAuthenticator:
+    """The client's side of the authentication exchange, without I/O.
+
+    Send :meth:`challenge`, feed the server's answer to :meth:`prove` and send
+    what it returns, then give the server's answer to :meth:`verify`. Every
+    failure raises :class:`~tp_store.errors.StoreAuthenticationError`.
+    """
+
+    def __init__(self, secret: bytes, nonce: bytes | None = None) -> None:
+        self._secret = check_secret(secret)
+        self._nonce = os.urandom(AUTH_NONCE_BYTES) if nonce is None else nonce
+        if len(self._nonce) != AUTH_NONCE_BYTES:
+            raise ValueError(f"the client nonce must be {AUTH_NONCE_BYTES} bytes")
+        self._server_nonce: bytes | None = None
+
+    def challenge(self) -> AuthChallenge:
+        """The first request: our nonce."""
+        return AuthChallenge(self._nonce)
+
+    def prove(self, server_nonce: bytes) -> AuthProof:
+        """The second request, our proof, given the server's answer to the challenge."""
+        if not server_nonce:
+            raise StoreAuthenticationError(
+                "the server has no secret configured but this client has one: "
+                "refusing to continue unauthenticated"
+            )
+        if len(server_nonce) != AUTH_NONCE_BYTES:
+            raise StoreAuthenticationError(
+                f"the server's nonce is {len(server_nonce)} bytes, expected {AUTH_NONCE_BYTES}"
+            )
+        self._server_nonce = server_nonce
+        return AuthProof(auth_proof(self._secret, _CLIENT_ROLE, server_nonce, self._nonce))
+
+    def verify(self, server_proof: bytes) -> None:
+        """Check the server's answer to our proof: it must prove the same secret."""
+        if self._server_nonce is None:
+            raise RuntimeError("verify() called before prove()")
+        if not server_proof:
+            raise StoreAuthenticationError(
+                "the server refused our proof: the secrets differ (authentication failed)"
+            )
+        expected = auth_proof(self._secret, _SERVER_ROLE, self._server_nonce, self._nonce)
+        if not hmac.compare_digest(server_proof, expected):
+            raise StoreAuthenticationError(
+                "the server could not prove it knows the secret (authentication failed)"
+            )
+
+
+class ServerAuthenticator:
+    """The server's side of the authentication exchange for one connection, without I/O.
+
+    With no secret, :meth:`challenge` answers empty bytes (so a client that
+    has a secret fails loudly instead of carrying on unauthenticated).
+    Requests out of order raise :class:`~tp_store.errors.ProtocolError`.
+    """
+
+    def __init__(self, secret: bytes | None, nonce: bytes | None = None) -> None:
+        self._secret = None if secret is None else check_secret(secret)
+        self._nonce = os.urandom(AUTH_NONCE_BYTES) if nonce is None else nonce
+        self._client_nonce: bytes | None = None
+        self._done = False
+
+    def challenge(self, client_nonce: bytes) -> bytes:
+        """The answer to AUTH_CHALLENGE: the server's nonce, or empty bytes if no secret."""
+        if self._client_nonce is not None:
+            raise ProtocolError("AUTH_CHALLENGE sent twice")
+        if len(client_nonce) != AUTH_NONCE_BYTES:
+            raise ProtocolError(
+                f"AUTH_CHALLENGE nonce is {len(client_nonce)} bytes, expected {AUTH_NONCE_BYTES}"
+            )
+        self._client_nonce = client_nonce
+        return b"" if self._secret is None else self._nonce
+
+    def check(self, proof: bytes) -> bytes | None:
+        """The answer to AUTH_PROOF: the server's proof if the client's is right, else None."""
+        if self._client_nonce is None or self._secret is None or self._done:
+            raise ProtocolError("AUTH_PROOF sent without a challenge to answer")
+        self._done = True
+        expected = auth_proof(self._secret, _CLIENT_ROLE, self._nonce, self._client_nonce)
+        if not hmac.compare_digest(proof, expected):
+            return None
+        return auth_proof(self._secret, _SERVER_ROLE, self._nonce, self._client_nonce)
 
 
 class ReplyKind(enum.Enum):

@@ -9,6 +9,16 @@ The server counts what it does (:meth:`StoreServer.stats`, and the ``STATS``
 extension request) and logs on ``tp_store.server`` with structured fields in
 ``extra``: ``action`` always, and ``peer``, ``endpoint``, ``duration``
 (seconds) and ``reason`` where they apply.
+
+Hardening, all configurable on :class:`StoreServer`: TLS (an ``ssl``
+context), a shared secret (with one, a connection can do nothing but
+VALIDATE, PING and the authentication exchange until it has proved it knows
+the secret), at most ``max_connections`` open connections, the memory limits
+of :class:`~tp_store.protocol.Limits`, and ``request_timeout``: a request (the
+handshake and authentication included) must arrive whole within it from its
+first byte, which defeats clients trickling bytes to hold the server's memory
+and connection slots. A connection idle between requests, or parked in a WAIT,
+is never timed out: rendezvous nodes wait for minutes.
 """
 
 from __future__ import annotations
@@ -18,20 +28,25 @@ import concurrent.futures
 import contextlib
 import errno
 import logging
+import math
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar, cast
 
 from .__about__ import __version__
-from .errors import ProtocolError
+from .errors import ProtocolError, StoreLimitError
 from .protocol import (
     EXTENSION_ACCEPT,
+    EXTENSION_ACCEPT_AUTH,
     EXTENSION_OFFER,
     STATS_SCHEMA,
     Add,
     Append,
+    AuthChallenge,
+    AuthProof,
     Barrier,
     CancelWait,
     Check,
@@ -51,6 +66,7 @@ from .protocol import (
     QueuePush,
     Request,
     RequestParser,
+    ServerAuthenticator,
     ServerStats,
     Set,
     Stats,
@@ -58,6 +74,7 @@ from .protocol import (
     Wait,
     WaitGet,
     WaitReply,
+    check_secret,
     encode_bytes,
     encode_i64,
     encode_key_list,
@@ -74,12 +91,23 @@ log = logging.getLogger("tp_store.server")
 
 #: Listen backlog: a job's nodes connect at once; the kernel caps it at somaxconn.
 DEFAULT_BACKLOG = 4096
+#: Open connections a server accepts at most (a few per node of a big job).
+DEFAULT_MAX_CONNECTIONS = 16384
+#: Seconds a request may take to arrive whole from its first byte (the TLS
+#: handshake too): generous for an 8 MiB value on a slow link.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+#: At most one log line per this many seconds about refused connections: a
+#: flood of connections must not become a flood of log lines.
+_REFUSAL_LOG_INTERVAL = 1.0
+#: What an unauthenticated connection may send to a server that has a secret.
+_BEFORE_AUTH = frozenset({Validate, Ping, AuthChallenge, AuthProof})
 
 _STOP_WAITING = encode_u8(WaitReply.STOP_WAITING)
 _WAIT_CANCELED = encode_u8(WaitReply.WAIT_CANCELED)
 _READY = encode_u8(CheckReply.READY)
 _NOT_READY = encode_u8(CheckReply.NOT_READY)
 _EXTENSIONS_ACCEPTED = encode_u32(EXTENSION_ACCEPT)
+_EXTENSIONS_ACCEPTED_AUTH = encode_u32(EXTENSION_ACCEPT_AUTH)
 
 _T = TypeVar("_T")
 
@@ -97,15 +125,31 @@ class _Counters:
     another thread may see a value one request old, never a torn one.
     """
 
-    __slots__ = ("accepted", "bytes_received", "bytes_sent", "ops", "protocol_errors")
+    __slots__ = (
+        "accepted",
+        "auth_failures",
+        "bytes_received",
+        "bytes_sent",
+        "ops",
+        "protocol_errors",
+        "refused",
+        "timed_out",
+    )
 
     def __init__(self) -> None:
         self.accepted = 0
         self.protocol_errors = 0
+        self.refused = 0
+        self.timed_out = 0
+        self.auth_failures = 0
         self.bytes_received = 0
         self.bytes_sent = 0
         #: Requests received, indexed by opcode byte.
         self.ops = [0] * 256
+
+
+class _AuthRefused(Exception):
+    """A connection failed or skipped authentication (it is closed)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -125,6 +169,15 @@ class _Connection(asyncio.Protocol):
         # Set once the client offers the extensions in a PING: STATS is refused
         # before, as on a PyTorch server, which does not know the opcode.
         self._extended = False
+        # Whether requests other than the handshake and authentication may be
+        # served: at once without a secret, after a good proof with one.
+        self._admitted = server.secret is None
+        self._auth: ServerAuthenticator | None = None
+        # time.monotonic() when the request being received began (0: none).
+        # Until admitted, the connection's opening: the handshake and the
+        # authentication must be done within the request timeout too.
+        self._partial_since = 0.0
+        self._refused = False
 
     @property
     def parked(self) -> bool:
@@ -135,7 +188,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
-        self._opened = time.monotonic()
+        self._opened = self._partial_since = time.monotonic()
+        if len(self._server.connections) >= self._server.max_connections:
+            self._refused = True
+            self._server.refuse(self._transport)
+            self._transport = None  # nothing it sends is served
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -151,6 +209,8 @@ class _Connection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
         self._server.connections.discard(self)
         self._drop_pending()
         self._transport = None
@@ -194,8 +254,11 @@ class _Connection(asyncio.Protocol):
             return
         counters = self._counters
         ops = counters.ops
+        parser = self._parser
+        served = False
         try:
-            for request in self._parser:
+            for request in parser:
+                served = True
                 ops[request.opcode] += 1
                 reply = self._apply(request)
                 if reply:
@@ -205,9 +268,27 @@ class _Connection(asyncio.Protocol):
                     transport.write(reply)
                 if self._writing_paused:
                     return
-        except (ValueError, OverflowError) as exc:  # ProtocolError, or a bad ADD
+        except (ValueError, OverflowError) as exc:  # ProtocolError, a limit, or a bad ADD
             counters.protocol_errors += 1
             self.close(f"{exc}")
+            return
+        except _AuthRefused as exc:
+            counters.auth_failures += 1
+            self.close(f"{exc}", action="auth_refused")
+            return
+        if self._admitted:
+            # The request timeout runs from the first byte of a request: a
+            # client that trickles bytes cannot reset it by sending more.
+            if not parser.buffered:
+                self._partial_since = 0.0
+            elif served or not self._partial_since:
+                self._partial_since = time.monotonic()
+
+    def stalled(self, since: float) -> bool:
+        """Whether the request being received began before ``since`` (never while
+        the server holds requests back from a client that does not read)."""
+        started = self._partial_since
+        return 0.0 < started < since and not self._writing_paused
 
     def close(
         self, reason: str, level: int = logging.WARNING, action: str = "protocol_error"
@@ -234,6 +315,8 @@ class _Connection(asyncio.Protocol):
     def _apply(self, request: Request) -> bytes | None:
         if self._pending is not None and not isinstance(request, CancelWait):
             raise ProtocolError(f"{type(request).__name__} sent while a wait is pending")
+        if not self._admitted and type(request) not in _BEFORE_AUTH:
+            raise _AuthRefused(f"{request.opcode.name} sent before authenticating")
         state = self._state
         match request:
             case Get(key=key):
@@ -245,7 +328,7 @@ class _Connection(asyncio.Protocol):
                 return None
             case WaitGet(keys=keys):
                 if self._park(keys, self._wake_with_values):
-                    return encode_wait_get(state.multi_get(keys))
+                    return encode_wait_get(self._bounded(state.multi_get(keys)))
                 return None
             case CompareSet(key=key, expected=expected, desired=desired):
                 return encode_bytes(state.compare_set(key, expected, desired))
@@ -254,7 +337,7 @@ class _Connection(asyncio.Protocol):
             case Check(keys=keys):
                 return _READY if state.check(keys) else _NOT_READY
             case MultiGet(keys=keys):
-                return encode_values(state.multi_get(keys))
+                return encode_values(self._bounded(state.multi_get(keys)))
             case MultiSet(items=items):
                 state.multi_set(items)
                 return None
@@ -271,7 +354,7 @@ class _Connection(asyncio.Protocol):
             case Ping(nonce=nonce):
                 if nonce == EXTENSION_OFFER:
                     self._extended = True
-                    return _EXTENSIONS_ACCEPTED
+                    return _EXTENSIONS_ACCEPTED if self._admitted else _EXTENSIONS_ACCEPTED_AUTH
                 return encode_u32(nonce)
             case QueuePush(key=key, value=value):
                 state.queue_push(key, value)
@@ -281,7 +364,7 @@ class _Connection(asyncio.Protocol):
             case QueueLen(key=key):
                 return encode_i64(state.queue_len(key))
             case ListKeys():
-                return encode_key_list(state.list_keys())
+                return encode_key_list(self._bounded(state.list_keys()))
             case Barrier(key=key, world_size=world_size):
                 barrier = BarrierWaiter(key, world_size, self._wake)
                 if state.barrier(barrier):
@@ -294,7 +377,35 @@ class _Connection(asyncio.Protocol):
                 return encode_stats(self._server.stats())
             case Validate():
                 return None
+            case AuthChallenge(nonce=nonce):
+                if not self._extended:
+                    raise ProtocolError(
+                        "AUTH_CHALLENGE sent before the protocol extensions were offered"
+                    )
+                if self._auth is None:
+                    self._auth = ServerAuthenticator(self._server.secret)
+                return encode_bytes(self._auth.challenge(nonce))
+            case AuthProof(proof=proof):
+                if self._auth is None:
+                    raise ProtocolError("AUTH_PROOF sent before AUTH_CHALLENGE")
+                server_proof = self._auth.check(proof)
+                if server_proof is None:
+                    # Tell the client before closing, so it can say why it failed.
+                    if self._transport is not None:
+                        self._transport.write(encode_bytes(b""))
+                    raise _AuthRefused("wrong proof of the secret (authentication failed)")
+                self._admitted = True
+                return encode_bytes(server_proof)
         raise ProtocolError(f"unhandled request {request!r:.80}")  # pragma: no cover
+
+    def _bounded(self, values: list[bytes]) -> list[bytes]:
+        """``values`` if a reply carrying them stays within the message limit."""
+        limit = self._server.limits.max_message_bytes
+        if sum(map(len, values)) + 8 * len(values) > limit:
+            raise StoreLimitError(
+                f"a reply of {len(values)} values would exceed the limit of {limit} bytes"
+            )
+        return values
 
     def _park(self, keys: tuple[bytes, ...], wake: Callable[[Waiter], None]) -> bool:
         """True if the keys exist already; else a wait stays pending until ``wake``."""
@@ -314,7 +425,13 @@ class _Connection(asyncio.Protocol):
     def _wake_with_values(self, waiter: Waiter) -> None:
         self._pending = None
         if self._transport is not None:
-            reply = encode_wait_get(self._state.multi_get(waiter.keys))
+            try:
+                values = self._bounded(self._state.multi_get(waiter.keys))
+            except StoreLimitError as exc:
+                self._counters.protocol_errors += 1
+                self.close(f"{exc}")
+                return
+            reply = encode_wait_get(values)
             self._counters.bytes_sent += len(reply)
             self._transport.write(reply)
 
@@ -360,6 +477,19 @@ class StoreServer:
 
     ``host`` is bound as given (an empty string means every interface);
     ``port=0`` picks a free port, readable from :attr:`port` once started.
+
+    Args:
+        limits: request and memory limits (a request over one closes its
+            connection, with a log line: the protocol has no error reply).
+        ssl: serve TLS with this context (see
+            :func:`tp_store.security.server_ssl_context`); None: plain TCP.
+        secret: require every connection to prove it knows this secret
+            before anything but the handshake; None: open to every client.
+        max_connections: connections beyond this many open are closed as
+            soon as accepted (counted, and logged at most once a second).
+        request_timeout: seconds a request may take to arrive whole from its
+            first byte; also bounds the TLS handshake and, with a secret, the
+            time from connecting to being authenticated.
     """
 
     def __init__(
@@ -370,21 +500,42 @@ class StoreServer:
         backlog: int = DEFAULT_BACKLOG,
         limits: Limits | None = None,
         listen_fd: int | None = None,
+        ssl: ssl.SSLContext | None = None,
+        secret: bytes | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
         if backlog < 1:
             raise ValueError(f"backlog must be >= 1, got {backlog}")
+        if isinstance(max_connections, bool) or not (
+            isinstance(max_connections, int) and max_connections >= 1
+        ):
+            raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
+        if isinstance(request_timeout, bool) or not (
+            isinstance(request_timeout, (int, float)) and 0 < request_timeout < math.inf
+        ):
+            raise ValueError(
+                f"request_timeout must be a positive number of seconds, got {request_timeout!r}"
+            )
         self.host = host
         self.port = port
         self.backlog = backlog
         self.limits = limits or Limits()
-        self.state = StoreState()
+        self.ssl = ssl
+        self.secret = None if secret is None else check_secret(secret)
+        self.max_connections = max_connections
+        self.request_timeout = float(request_timeout)
+        self.state = StoreState(self.limits.max_keys, self.limits.max_value_bytes)
         self.connections: set[_Connection] = set()
         self._listen_fd = listen_fd
         self._servers: list[asyncio.base_events.Server] = []
         self._counters = _Counters()
         self._started: float | None = None  # time.monotonic() when it started listening
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._refusals_unlogged = 0
+        self._refusal_logged = -math.inf  # time.monotonic() of the last refusal log line
 
     @property
     def endpoint(self) -> str:
@@ -405,15 +556,57 @@ class StoreServer:
         for sock in sockets:
             # create_server listens again: give it our backlog, not its default of 100.
             server = await loop.create_server(
-                lambda: _Connection(self), sock=sock, backlog=self.backlog
+                lambda: _Connection(self),
+                sock=sock,
+                backlog=self.backlog,
+                ssl=self.ssl,
+                ssl_handshake_timeout=self.request_timeout if self.ssl else None,
             )
             self._servers.append(server)
         self._started = time.monotonic()
+        self._schedule_sweep()
         log.info(
-            "store server listening on %s",
+            "store server listening on %s%s%s",
             self.endpoint,
+            " (TLS)" if self.ssl else "",
+            " (secret required)" if self.secret else "",
             extra={"action": "server_start", "endpoint": self.endpoint},
         )
+
+    def _schedule_sweep(self) -> None:
+        # One timer for the whole server, not one per request: the request
+        # path only stores a timestamp when a request is left incomplete.
+        interval = min(1.0, self.request_timeout / 4)
+        self._sweeper = asyncio.get_running_loop().call_later(interval, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections whose current request is older than the request timeout."""
+        since = time.monotonic() - self.request_timeout
+        for connection in [c for c in self.connections if c.stalled(since)]:
+            self._counters.timed_out += 1
+            connection.close(
+                f"request not received whole within {self.request_timeout:g} s",
+                action="request_timeout",
+            )
+        self._schedule_sweep()
+
+    def refuse(self, transport: asyncio.Transport) -> None:
+        """Close a connection accepted beyond ``max_connections``."""
+        self._counters.refused += 1
+        self._refusals_unlogged += 1
+        transport.close()
+        now = time.monotonic()
+        if now - self._refusal_logged >= _REFUSAL_LOG_INTERVAL:
+            peer = transport.get_extra_info("peername")
+            log.warning(
+                "refused %d connection(s) (the last from %s): %d open, the limit",
+                self._refusals_unlogged,
+                format_endpoint(str(peer[0]), int(peer[1])) if peer else "?",
+                self.max_connections,
+                extra={"action": "connection_refused", "reason": "max_connections"},
+            )
+            self._refusals_unlogged = 0
+            self._refusal_logged = now
 
     @property
     def uptime(self) -> float:
@@ -437,6 +630,9 @@ class StoreServer:
             "connections_open": len(connections),
             "connections_accepted": counters.accepted,
             "connections_protocol_errors": counters.protocol_errors,
+            "connections_refused": counters.refused,
+            "connections_timed_out": counters.timed_out,
+            "connections_auth_failures": counters.auth_failures,
             "waiters_parked": sum(1 for connection in connections if connection.parked),
             "keys": self.state.num_keys(),
             "bytes_received": counters.bytes_received,
@@ -446,6 +642,9 @@ class StoreServer:
 
     async def close(self) -> None:
         """Stop accepting and drop every connection."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for server in self._servers:
             server.close()
         for connection in list(self.connections):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from .errors import StoreLimitError
 from .semantics import compare_set_result, counter_after_add
 
 
@@ -43,11 +44,18 @@ class StoreState:
     in PyTorch's server. Waking is count-based: a waiter records how many of
     its keys were missing when it parked and is woken when that many have been
     written, so a write costs O(waiters on that key), never a rescan.
+
+    ``max_keys`` bounds the keys and queued values held together, and
+    ``max_value_bytes`` what APPEND may grow a value to: a write past either
+    raises :class:`~tp_store.errors.StoreLimitError` and changes nothing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int | None = None, max_value_bytes: int | None = None) -> None:
         self.data: dict[bytes, bytes] = {}
         self._queues: dict[bytes, deque[bytes]] = {}
+        self._queued = 0  # values in all queues
+        self._max_keys = max_keys if max_keys is not None else float("inf")
+        self._max_value_bytes = max_value_bytes if max_value_bytes is not None else float("inf")
         # Insertion-ordered dicts used as sets: O(1) removal when a client leaves.
         self._waiters: dict[bytes, dict[Waiter, None]] = {}
         self._barriers: dict[bytes, dict[BarrierWaiter, None]] = {}
@@ -81,13 +89,22 @@ class StoreState:
 
     # -- writes -------------------------------------------------------------
     def set(self, key: bytes, value: bytes) -> None:
-        self.data[key] = value
+        data = self.data
+        # The count first: below the limit (always, in a healthy store) the
+        # key lookup is skipped.
+        if len(data) + self._queued >= self._max_keys and key not in data:
+            self._refuse_new_entry(key)
+        data[key] = value
         self._written(key, value)
 
     def add(self, key: bytes, delta: int) -> int:
-        total = counter_after_add(key, self.data.get(key), delta)
+        data = self.data
+        old = data.get(key)
+        total = counter_after_add(key, old, delta)
+        if old is None and len(data) + self._queued >= self._max_keys:
+            self._refuse_new_entry(key)
         value = str(total).encode()
-        self.data[key] = value
+        data[key] = value
         self._written(key, value)
         return total
 
@@ -99,7 +116,13 @@ class StoreState:
         return result
 
     def append(self, key: bytes, value: bytes) -> None:
-        self.set(key, self.data.get(key, b"") + value)
+        old = self.data.get(key, b"")
+        if len(old) + len(value) > self._max_value_bytes:
+            raise StoreLimitError(
+                f"APPEND would grow the value of {key!r:.80} to {len(old) + len(value)} bytes, "
+                f"over the limit of {self._max_value_bytes}"
+            )
+        self.set(key, old + value)
 
     def multi_set(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         for key, value in items:
@@ -109,6 +132,9 @@ class StoreState:
         return self.data.pop(key, None) is not None
 
     def queue_push(self, key: bytes, value: bytes) -> None:
+        if len(self.data) + self._queued >= self._max_keys:
+            self._refuse_new_entry(key)
+        self._queued += 1
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = deque()
@@ -133,6 +159,7 @@ class StoreState:
             return 0, None
         length = len(queue)
         value = queue.popleft()
+        self._queued -= 1
         if not queue:
             del self._queues[key]
         return length, value
@@ -186,6 +213,11 @@ class StoreState:
             self._run_watches(key, value)
 
     # -- internals ----------------------------------------------------------
+    def _refuse_new_entry(self, key: bytes) -> None:
+        raise StoreLimitError(
+            f"storing {key!r:.80} would exceed the limit of {self._max_keys} keys and queued values"
+        )
+
     def _written(self, key: bytes, value: bytes) -> None:
         if key in self._waiters:
             self._key_appeared(key)

@@ -5,6 +5,11 @@ our own server the client negotiates the ``WAIT_GET`` extension during the
 handshake PING, which makes ``get`` and ``multi_get`` one round trip; against
 a PyTorch server it speaks the plain protocol. The ``STATS`` extension reads
 the server's counters (:meth:`TCPStore.server_stats`).
+
+Optionally (both off by default, and both unknown to PyTorch): TLS, and a
+shared secret proved in a challenge-response right after the handshake PING
+(see :mod:`tp_store.protocol`). With a secret the client refuses any server
+that cannot prove the same secret, PyTorch's included.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -23,12 +29,14 @@ from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, UnsupportedOperationErr
 from .errors import (
     ProtocolError,
     QueueEmptyError,
+    StoreAuthenticationError,
     StoreConnectionError,
     StoreError,
     StoreTimeoutError,
 )
 from .protocol import (
     EXTENSION_ACCEPT,
+    EXTENSION_ACCEPT_AUTH,
     EXTENSION_OFFER,
     Add,
     Append,
@@ -36,6 +44,7 @@ from .protocol import (
     CancelWait,
     Check,
     CheckReply,
+    ClientAuthenticator,
     CompareSet,
     DeleteKey,
     Get,
@@ -60,6 +69,7 @@ from .protocol import (
     WaitReply,
     decode_stats,
 )
+from .security import PathLike, TLSConfig, load_secret
 from .semantics import timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
@@ -71,10 +81,15 @@ USER_KEY_PREFIX = b"/"
 _RECV_SIZE = 1 << 16
 # Socket timeouts are kernel options (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking
 # socket: one syscall per send or receive, where Python's own socket timeouts
-# add a poll() before each. An expired one surfaces as BlockingIOError.
+# add a poll() before each. An expired one surfaces as BlockingIOError. TLS
+# sockets use Python's timeouts: on a blocking TLS socket, Python retries a
+# read that the kernel timed out, forever.
 _TIMED_OUT = (TimeoutError, BlockingIOError)
 _CONNECT_BACKOFF_INITIAL = 0.01
 _CONNECT_BACKOFF_MAX = 1.0
+
+
+_Security = tuple[TLSConfig, "bytes | None"]
 
 
 class _SharedServers:
@@ -82,24 +97,31 @@ class _SharedServers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._servers: dict[int, tuple[ServerThread, int]] = {}
+        self._servers: dict[int, tuple[ServerThread, int, _Security]] = {}
 
-    def acquire(self, host: str, port: int, listen_fd: int | None) -> ServerThread:
+    def acquire(
+        self, host: str, port: int, listen_fd: int | None, security: _Security
+    ) -> ServerThread:
         with self._lock:
             if port and port in self._servers:
-                thread, users = self._servers[port]
-                self._servers[port] = (thread, users + 1)
+                thread, users, shared = self._servers[port]
+                if shared != security:
+                    raise ValueError(
+                        f"a multi_tenant master on port {port} already runs with other TLS "
+                        "files or another secret"
+                    )
+                self._servers[port] = (thread, users + 1, shared)
                 return thread
-            thread = _start_server(host, port, listen_fd)
-            self._servers[thread.server.port] = (thread, 1)
+            thread = _start_server(host, port, listen_fd, security)
+            self._servers[thread.server.port] = (thread, 1, security)
             return thread
 
     def release(self, thread: ServerThread) -> None:
         with self._lock:
             port = thread.server.port
-            _, users = self._servers[port]
+            _, users, security = self._servers[port]
             if users > 1:
-                self._servers[port] = (thread, users - 1)
+                self._servers[port] = (thread, users - 1, security)
                 return
             del self._servers[port]
         thread.stop()
@@ -108,8 +130,10 @@ class _SharedServers:
 _shared_servers = _SharedServers()
 
 
-def _start_server(host: str, port: int, listen_fd: int | None) -> ServerThread:
-    thread = ServerThread(StoreServer(host, port, listen_fd=listen_fd))
+def _start_server(host: str, port: int, listen_fd: int | None, security: _Security) -> ServerThread:
+    tls, secret = security
+    context = tls.server_context() if tls.cert is not None else None
+    thread = ServerThread(StoreServer(host, port, listen_fd=listen_fd, ssl=context, secret=secret))
     thread.start()
     return thread
 
@@ -149,6 +173,23 @@ class TCPStore(Store):
         multi_tenant: masters in this process on the same port share one server.
         master_listen_fd: an already listening socket for the master's server.
         use_libuv: accepted for compatibility with PyTorch; our server is asyncio.
+        tls_cert: PEM certificate (chain): the master's server serves TLS with
+            it; a client presents it to servers that require client certificates.
+        tls_key: PEM private key of ``tls_cert`` (omit if ``tls_cert`` holds it).
+        tls_ca: PEM CA file: a client uses TLS and accepts only a server
+            certificate it signed, for the host name dialled. A master without
+            it trusts exactly its own ``tls_cert``.
+        tls_client_ca: master only: require client certificates signed by
+            this CA (mutual TLS).
+        secret: the shared secret (bytes) proved to the server, and required
+            of every client by the master's server.
+        secret_file: a file holding the secret instead. Without either, the
+            environment's ``TP_STORE_SECRET`` or ``TP_STORE_SECRET_FILE``
+            (see :mod:`tp_store.security`); with none, no authentication.
+
+    A client with a secret refuses a server without one
+    (:class:`~tp_store.errors.StoreAuthenticationError`): a misconfiguration
+    must not silently leave the store open.
     """
 
     def __init__(  # noqa: PLR0917 - PyTorch's positional signature
@@ -162,6 +203,13 @@ class TCPStore(Store):
         multi_tenant: bool = False,
         master_listen_fd: int | None = None,
         use_libuv: bool = True,
+        *,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        tls_ca: PathLike | None = None,
+        tls_client_ca: PathLike | None = None,
+        secret: bytes | None = None,
+        secret_file: PathLike | None = None,
     ) -> None:
         super().__init__(timeout)
         if not isinstance(port, int) or not 0 <= port <= 65535:
@@ -180,6 +228,9 @@ class TCPStore(Store):
         self._extended = False
         self._server: ServerThread | None = None
         self._stop_server: Callable[[], object] | None = None
+        self._tls = TLSConfig(tls_cert, tls_key, tls_ca, tls_client_ca)
+        self._secret = load_secret(secret, secret_file)
+        self._ssl_context = self._client_ssl_context(is_master)
         if is_master:
             self._start_server(multi_tenant, master_listen_fd)
         with self._lock:
@@ -215,14 +266,36 @@ class TCPStore(Store):
         """The server this master hosts in-process, if any."""
         return self._server.server if self._server else None
 
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the connection to the server is TLS."""
+        return self._ssl_context is not None
+
     # -- the master's server -------------------------------------------------------
+    def _client_ssl_context(self, is_master: bool) -> ssl.SSLContext | None:
+        """How this store's connection does TLS (None: plain TCP); ``ValueError`` if
+        the TLS options cannot work for its role."""
+        tls = self._tls
+        if is_master:
+            if tls.ca is not None and tls.cert is None:
+                raise ValueError("a master needs tls_cert (and tls_key) to serve TLS")
+            return tls.own_server_context() if tls.cert is not None else None
+        if tls.client_ca is not None:
+            raise ValueError("tls_client_ca is a master's option (it hosts the server)")
+        if tls.cert is not None and tls.ca is None:
+            raise ValueError(
+                "a TLS client needs tls_ca, the CA that signed the server's certificate"
+            )
+        return tls.client_context() if tls.ca is not None else None
+
     def _start_server(self, multi_tenant: bool, listen_fd: int | None) -> None:
+        security = (self._tls, self._secret)
         try:
             if multi_tenant:
-                thread = _shared_servers.acquire(self._host, self._port, listen_fd)
+                thread = _shared_servers.acquire(self._host, self._port, listen_fd, security)
                 self._stop_server = weakref.finalize(self, _shared_servers.release, thread)
             else:
-                thread = _start_server(self._host, self._port, listen_fd)
+                thread = _start_server(self._host, self._port, listen_fd, security)
                 self._stop_server = weakref.finalize(self, thread.stop)
         except OSError as exc:
             raise StoreConnectionError(
@@ -261,7 +334,7 @@ class TCPStore(Store):
         while True:
             remaining = deadline - time.monotonic()
             try:
-                sock = socket.create_connection((host, self._port), timeout=max(remaining, 0.001))
+                tcp = socket.create_connection((host, self._port), timeout=max(remaining, 0.001))
             except OSError as exc:
                 if remaining <= delay:
                     raise StoreConnectionError(
@@ -274,11 +347,15 @@ class TCPStore(Store):
                 delay = min(delay * 2, _CONNECT_BACKOFF_MAX)
                 continue
             break
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(None)
+        tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = tcp if self._ssl_context is None else self._tls_handshake(tcp, host)
         store_timeout = self.timeout.total_seconds()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(store_timeout))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
+        if isinstance(sock, ssl.SSLSocket):
+            sock.settimeout(store_timeout)
+        else:
+            sock.settimeout(None)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(store_timeout))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
         self._recv_timeout = store_timeout
         self._sock = sock
         self._parser.clear()
@@ -286,8 +363,19 @@ class TCPStore(Store):
             sock.sendall(Validate().encode() + Ping(EXTENSION_OFFER).encode())
             answer = self._receive(ReplyKind.U32)
         except (OSError, ProtocolError) as exc:
-            raise self._broken(exc, "the handshake") from exc
-        if answer == EXTENSION_ACCEPT:
+            self._disconnect()
+            hint = (
+                "; does it require a client certificate (tls_cert, tls_key)?"
+                if self.uses_tls
+                else "; does it require TLS (tls_ca)?"
+            )
+            raise StoreConnectionError(
+                f"the store at {self.endpoint} closed the connection during the handshake "
+                f"({exc}){hint}",
+                self._host,
+                self._port,
+            ) from exc
+        if answer in (EXTENSION_ACCEPT, EXTENSION_ACCEPT_AUTH):
             self._extended = True
         elif answer == EXTENSION_OFFER:
             self._extended = False
@@ -298,6 +386,61 @@ class TCPStore(Store):
                 self._host,
                 self._port,
             )
+        if self._secret is not None:
+            self._authenticate(self._secret)
+        elif answer == EXTENSION_ACCEPT_AUTH:
+            self._disconnect()
+            raise StoreAuthenticationError(
+                f"the store at {self.endpoint} requires a secret and this client has none "
+                "(set TP_STORE_SECRET or TP_STORE_SECRET_FILE, or pass secret_file)",
+                self._host,
+                self._port,
+            )
+
+    def _tls_handshake(self, sock: socket.socket, host: str) -> ssl.SSLSocket:
+        """``sock`` wrapped in TLS, the server verified; never retried (lock held)."""
+        assert self._ssl_context is not None
+        try:
+            return self._ssl_context.wrap_socket(sock, server_hostname=host)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            sock.close()
+            raise StoreConnectionError(
+                f"TLS handshake with the store at {self.endpoint} failed: {exc} "
+                "(is it serving TLS, with a certificate the CA signed for this host?)",
+                self._host,
+                self._port,
+            ) from exc
+
+    def _authenticate(self, secret: bytes) -> None:
+        """Prove the secret and check the server's proof (lock held)."""
+        if not self._extended:
+            self._disconnect()
+            raise StoreAuthenticationError(
+                f"the store at {self.endpoint} is not a tp-store server and cannot "
+                "authenticate, but this client has a secret: refusing to continue",
+                self._host,
+                self._port,
+            )
+        sock = self._sock
+        assert sock is not None
+        auth = ClientAuthenticator(secret)
+        try:
+            sock.sendall(auth.challenge().encode())
+            server_nonce = self._receive(ReplyKind.BYTES)
+            assert isinstance(server_nonce, bytes)
+            sock.sendall(auth.prove(server_nonce).encode())
+            server_proof = self._receive(ReplyKind.BYTES)
+            assert isinstance(server_proof, bytes)
+            auth.verify(server_proof)
+        except StoreAuthenticationError as exc:
+            self._disconnect()
+            raise StoreAuthenticationError(
+                f"cannot authenticate to the store at {self.endpoint}: {exc}",
+                self._host,
+                self._port,
+            ) from exc
+        except (OSError, ProtocolError) as exc:
+            raise self._broken(exc, "authentication") from exc
 
     def _disconnect(self) -> None:
         if self._sock is not None:
@@ -313,7 +456,10 @@ class TCPStore(Store):
             sock = self._sock
             assert sock is not None
         if recv_timeout != self._recv_timeout:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(recv_timeout))
+            if isinstance(sock, ssl.SSLSocket):
+                sock.settimeout(max(recv_timeout, 1e-6))  # 0 would mean non-blocking
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(recv_timeout))
             self._recv_timeout = recv_timeout
         return sock
 
@@ -541,8 +687,21 @@ class TCPStore(Store):
             raise StoreError(f"the server at {self.endpoint} sent bad statistics: {exc}") from exc
 
     def clone(self) -> TCPStore:
-        """A new client connection to the same server (never a master)."""
-        return TCPStore(self._host, self._port, timeout=self.timeout)
+        """A new client connection to the same server (never a master), with the same
+        TLS files and secret."""
+        tls = self._tls
+        if self._server is not None and tls.ca is None and tls.cert is not None:
+            # The master's pinned own certificate becomes the clone's CA.
+            tls = TLSConfig(tls.cert, tls.key, tls.cert)
+        return TCPStore(
+            self._host,
+            self._port,
+            timeout=self.timeout,
+            tls_cert=tls.cert,
+            tls_key=tls.key,
+            tls_ca=tls.ca,
+            secret=self._secret,
+        )
 
     def close(self) -> None:
         """Close the connection; a master also stops its server (unless shared)."""

@@ -1,0 +1,345 @@
+"""Configurable limits of the server: connections, keys, sizes, slow requests, memory.
+
+A real :class:`StoreServer` runs in this process (a :class:`ServerThread`) and
+raw sockets play the clients. Going over a limit closes the offending
+connection only (the protocol has no error reply), with a log line and a
+counter; everyone else keeps being served.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tp_store import Limits, StoreLimitError, TCPStore
+from tp_store.protocol import (
+    Append,
+    Get,
+    Incomplete,
+    ListKeys,
+    MultiGet,
+    Ping,
+    QueuePush,
+    ReplyKind,
+    ReplyParser,
+    Set,
+    Validate,
+    Wait,
+)
+from tp_store.server import ServerThread, StoreServer
+from tp_store.state import StoreState
+
+TIMEOUT = 10.0
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {TIMEOUT} s waiting until {what}")
+        time.sleep(0.005)
+
+
+def serve(**kwargs: object) -> ServerThread:
+    thread = ServerThread(StoreServer("127.0.0.1", 0, **kwargs))  # type: ignore[arg-type]
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., ServerThread]]:
+    threads: list[ServerThread] = []
+
+    def make(**kwargs: object) -> ServerThread:
+        threads.append(serve(**kwargs))
+        return threads[-1]
+
+    yield make
+    for thread in threads:
+        thread.stop()
+
+
+class Raw:
+    def __init__(self, port: int, validate: bool = True) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        self.parser = ReplyParser()
+        if validate:
+            self.sock.sendall(Validate().encode())
+
+    def request(self, data: bytes, kind: ReplyKind, count: int = 0) -> object:
+        self.sock.sendall(data)
+        self.parser.expect(kind, count)
+        while isinstance(reply := self.parser.next_reply(), Incomplete):
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            self.parser.feed(chunk)
+        return reply
+
+    def ping(self) -> None:
+        assert self.request(Ping(7).encode(), ReplyKind.U32) == 7
+
+    def closed_by_server(self, within: float = TIMEOUT) -> float:
+        """Seconds until the server closed the connection (fails after ``within``)."""
+        started = time.monotonic()
+        self.sock.settimeout(within)
+        try:
+            while self.sock.recv(1 << 16):
+                pass
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            pytest.fail(f"the server kept the connection open for {within} s")
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------
+# Connections
+# ---------------------------------------------------------------------------
+
+
+def test_connections_beyond_the_limit_are_closed_at_once(
+    make_server: Callable[..., ServerThread], caplog: pytest.LogCaptureFixture
+) -> None:
+    thread = make_server(max_connections=3)
+    clients = [Raw(thread.server.port) for _ in range(3)]
+    for client in clients:
+        client.ping()
+    extra = Raw(thread.server.port)
+    assert extra.closed_by_server() < TIMEOUT
+    stats = thread.server.stats()
+    assert stats["connections_refused"] == 1
+    assert stats["connections_open"] == 3
+    assert any("refused 1 connection" in r.getMessage() for r in caplog.records)
+    for client in clients:
+        client.ping()
+    # A slot that frees up can be taken again.
+    clients.pop().close()
+    wait_until(lambda: thread.server.stats()["connections_open"] == 2, "the slot is free")
+    Raw(thread.server.port).ping()
+
+
+def test_bad_server_options_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="max_connections must be a positive int"):
+        StoreServer("127.0.0.1", max_connections=0)
+    with pytest.raises(ValueError, match="request_timeout must be a positive number"):
+        StoreServer("127.0.0.1", request_timeout=0)
+    with pytest.raises(ValueError, match="max_message_bytes must be at least"):
+        Limits(max_message_bytes=10)
+    with pytest.raises(ValueError, match=r"Limits\.max_keys must be a positive int"):
+        Limits(max_keys=0)
+
+
+# ---------------------------------------------------------------------------
+# Keys and sizes
+# ---------------------------------------------------------------------------
+
+
+def test_a_key_beyond_max_keys_closes_that_connection(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(limits=Limits(max_keys=3))
+    writer = Raw(thread.server.port)
+    for index in range(3):
+        writer.sock.sendall(Set(b"k%d" % index, b"v").encode())
+    writer.sock.sendall(Set(b"k0", b"overwritten").encode())  # not a new key: fine
+    writer.ping()
+    writer.sock.sendall(Set(b"one-too-many", b"v").encode())
+    writer.closed_by_server()
+    assert thread.server.state.num_keys() == 3
+    assert thread.server.stats()["connections_protocol_errors"] == 1
+    other = Raw(thread.server.port)
+    assert other.request(Get(b"k0").encode(), ReplyKind.BYTES) == b"overwritten"
+
+
+def test_queued_values_count_towards_max_keys() -> None:
+    state = StoreState(max_keys=2)
+    state.set(b"a", b"1")
+    state.queue_push(b"q", b"1")
+    with pytest.raises(StoreLimitError, match="limit of 2 keys"):
+        state.queue_push(b"q", b"2")
+    state.queue_pop(b"q")
+    state.queue_push(b"q", b"2")  # room again after a pop
+    with pytest.raises(StoreLimitError):
+        state.add(b"counter", 1)
+    assert state.add(b"a", 1) == 2  # an existing key is not a new entry
+
+
+def test_append_cannot_grow_a_value_past_max_value_bytes(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(limits=Limits(max_value_bytes=1000, max_message_bytes=1 << 20))
+    client = Raw(thread.server.port)
+    client.sock.sendall(Append(b"log", b"x" * 600).encode())
+    client.ping()
+    client.sock.sendall(Append(b"log", b"x" * 600).encode())
+    client.closed_by_server()
+    assert thread.server.state.get(b"log") == b"x" * 600
+
+
+def test_a_request_over_max_message_bytes_is_refused_from_its_prefix(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    limits = Limits(max_key_bytes=100, max_value_bytes=1000, max_message_bytes=2000)
+    thread = make_server(limits=limits)
+    client = Raw(thread.server.port)
+    keys = tuple(b"k%03d" % index for index in range(200))  # 200 * 12 bytes > 2000
+    client.sock.sendall(Wait(keys).encode()[:1500])
+    client.sock.sendall(Wait(keys).encode()[1500:])
+    client.closed_by_server()
+    assert thread.server.stats()["connections_protocol_errors"] == 1
+
+
+def test_a_reply_over_max_message_bytes_closes_the_connection(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    limits = Limits(max_key_bytes=100, max_value_bytes=1000, max_message_bytes=5000)
+    thread = make_server(limits=limits)
+    client = Raw(thread.server.port)
+    client.sock.sendall(Set(b"big", b"v" * 1000).encode())
+    assert (
+        client.request(MultiGet((b"big",) * 4).encode(), ReplyKind.VALUES, 4) == [b"v" * 1000] * 4
+    )
+    client.sock.sendall(MultiGet((b"big",) * 10).encode())  # 10 KB of reply
+    client.closed_by_server()
+    lister = Raw(thread.server.port)
+    assert lister.request(ListKeys().encode(), ReplyKind.KEY_LIST) == [b"big"]
+
+
+# ---------------------------------------------------------------------------
+# Slow requests
+# ---------------------------------------------------------------------------
+
+
+def test_a_trickled_request_is_closed_after_the_request_timeout(
+    make_server: Callable[..., ServerThread], caplog: pytest.LogCaptureFixture
+) -> None:
+    thread = make_server(request_timeout=0.5)
+    frame = Set(b"key", b"v" * 100).encode()
+    client = Raw(thread.server.port)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        # A byte every 50 ms: it never stops sending, so only a deadline from
+        # the request's first byte can catch it.
+        for byte in frame:
+            if stop.wait(0.05):
+                return
+            try:
+                client.sock.sendall(bytes((byte,)))
+            except OSError:
+                return
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        elapsed = client.closed_by_server()
+    finally:
+        stop.set()
+        sender.join()
+    assert 0.4 < elapsed < 5
+    assert thread.server.stats()["connections_timed_out"] == 1
+    assert any(getattr(r, "action", "") == "request_timeout" for r in caplog.records)
+
+
+def test_idle_and_waiting_connections_are_never_timed_out(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(request_timeout=0.2)
+    idle = Raw(thread.server.port)
+    idle.ping()
+    waiting = Raw(thread.server.port)
+    waiting.sock.sendall(Wait((b"later",)).encode())
+    wait_until(lambda: thread.server.stats()["waiters_parked"] == 1, "the wait is parked")
+    # Many request timeouts pass, on an event, not a sleep: the sweeper runs
+    # every 50 ms, so a dozen of its rounds go by while this waits.
+    threading.Event().wait(1.0)
+    idle.ping()
+    Raw(thread.server.port).sock.sendall(Set(b"later", b"1").encode())
+    waiting.sock.settimeout(TIMEOUT)
+    assert waiting.sock.recv(1) == b"\x00"
+    assert thread.server.stats()["connections_timed_out"] == 0
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_request_timeout(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(request_timeout=0.3)
+    silent = Raw(thread.server.port, validate=False)
+    assert silent.closed_by_server() < 5
+    assert thread.server.stats()["connections_timed_out"] == 1
+
+
+def test_our_client_is_not_disturbed_by_a_short_request_timeout(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(request_timeout=0.2)
+    store = TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT)
+    store.set("k", "v" * 100_000)
+    threading.Event().wait(0.6)
+    assert store.get("k") == b"v" * 100_000
+    assert store.queue_len("q") == 0
+    store.close()
+
+
+# ---------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------
+
+
+def test_a_flooder_that_never_reads_holds_bounded_memory(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server()
+    value = b"v" * (1 << 20)
+    setter = Raw(thread.server.port)
+    setter.sock.sendall(Set(b"big", value).encode())
+    setter.ping()
+    flooder = socket.create_connection(("127.0.0.1", thread.server.port), timeout=TIMEOUT)
+    flooder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    flooder.sendall(Validate().encode())
+    requests = Get(b"big").encode() * 4096  # 4 GiB of replies, never read
+    flooder.settimeout(0.5)
+    sent = 0
+    try:
+        while sent < len(requests):
+            sent += flooder.send(requests[sent : sent + 65536])
+    except TimeoutError:
+        pass  # the server stopped reading: the flooder's sends block
+    server = thread.server
+
+    def held() -> int:
+        def measure() -> int:
+            total = 0
+            for connection in server.connections:
+                transport = connection._transport
+                if transport is not None:
+                    total += transport.get_write_buffer_size()
+                total += connection._parser.buffered
+            return total
+
+        return thread.call(measure)
+
+    # One reply in the transport's buffer and a chunk of unparsed requests:
+    # a few MiB, never the 4 GiB of replies asked for.
+    assert held() < 8 << 20
+    Raw(server.port).ping()  # everyone else is still served
+    flooder.close()
+    wait_until(lambda: held() < 8 << 20, "the flooder's memory is released")
+
+
+def test_request_size_is_bounded_without_buffering_it(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server()
+    client = Raw(thread.server.port)
+    # A length prefix of 1 TiB: refused on sight, nothing allocated.
+    client.sock.sendall(QueuePush(b"q", b"").encode()[:-8] + (1 << 40).to_bytes(8, "little"))
+    client.closed_by_server()
