@@ -91,6 +91,22 @@ def test_a_late_joiner_makes_the_agents_join_the_next_round(tp_rdzv, store):
     assert sorted(r["rank"] for r in after) == [0, 1, 2]
 
 
+def test_agents_reform_when_the_steward_is_killed(tp_rdzv, store):
+    # The steward is one of the running agents: with nobody joining, the others
+    # must notice its silence themselves, take over, and find the dead node.
+    run_id = unique_run_id()
+    nodes = [join(tp_rdzv, store, run_id, "--min", "2", "--max", "3") for _ in range(3)]
+    before = [next_round(node) for node in nodes]
+    steward = status(store, run_id)["steward"]
+    (victim,) = [node for node, r in zip(nodes, before, strict=True) if r["node"] == steward]
+    victim.signal(signal.SIGKILL)
+    survivors = [node for node in nodes if node is not victim]
+    after = [next_round(node) for node in survivors]
+    assert {r["world_size"] for r in after} == {2}
+    assert sorted(r["rank"] for r in after) == [0, 1]
+    assert steward not in after[0]["participants"]
+
+
 def test_status_shows_the_wait_list_and_heartbeat_ages(tp_rdzv, store):
     run_id = unique_run_id()
     # A round needs 2; one node waits alone, heartbeating.

@@ -95,6 +95,11 @@ def test_join_status_and_close_over_tls_with_a_secret(
     )
     assert seen.returncode == 0, seen.stderr
     assert json.loads(seen.stdout)["complete"]
+    counters = run_tp_rdzv(
+        "status", "--endpoint", endpoint, "--store", "--json", "--config", config
+    )
+    assert counters.returncode == 0, counters.stderr
+    assert json.loads(counters.stdout)["connections_open"] >= 1
     closed = run_tp_rdzv("close", "--endpoint", endpoint, "--run-id", run_id, "--config", config)
     assert closed.returncode == 0, closed.stderr
     assert node.event()["event"] == "closed"

@@ -7,8 +7,10 @@ for one across the network. The metrics, all prefixed ``tp_store_``:
 
 - gauges ``connections_open``, ``waiters_parked``, ``keys``, ``uptime_seconds``;
 - counters ``connections_accepted_total``, ``connections_protocol_errors_total``,
-  ``received_bytes_total``, ``sent_bytes_total``, and ``operations_total``
-  with the label ``op`` (the lower-case request name: ``set``, ``wait_get``...);
+  ``connections_refused_total``, ``connections_timed_out_total``,
+  ``connections_auth_failures_total``, ``received_bytes_total``,
+  ``sent_bytes_total``, and ``operations_total`` with the label ``op`` (the
+  lower-case request name: ``set``, ``wait_get``...);
 - the gauge ``up``: 1 when the counters could be read, else 0 (and nothing else).
 
 It needs ``prometheus-client``, the optional extra ``tp-rdzv-cli[metrics]``.
@@ -51,6 +53,21 @@ _COUNTERS = (
         "connections_protocol_errors",
         "connections_protocol_errors",
         "Connections closed by the server because of a protocol error.",
+    ),
+    (
+        "connections_refused",
+        "connections_refused",
+        "Connections refused because the server had max_connections open.",
+    ),
+    (
+        "connections_timed_out",
+        "connections_timed_out",
+        "Connections closed because a request made no progress within request_timeout.",
+    ),
+    (
+        "connections_auth_failures",
+        "connections_auth_failures",
+        "Connections closed because they failed to authenticate.",
     ),
     ("bytes_received", "received_bytes", "Bytes received from clients."),
     ("bytes_sent", "sent_bytes", "Bytes of replies sent to clients."),

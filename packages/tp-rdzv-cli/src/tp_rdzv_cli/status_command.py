@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tp_rdzv_api.utils import parse_rendezvous_endpoint
+from tp_rdzv_api.utils import parse_rendezvous_config, parse_rendezvous_endpoint
 from tp_rdzv_dynamic.factory import DEFAULT_PORT
 from tp_store import StoreError, TCPStore, UnsupportedOperationError
 
@@ -30,6 +30,7 @@ EXAMPLES = """examples:
   tp-rdzv status --endpoint 127.0.0.1:29400 --run-id job1 --json
   tp-rdzv status --endpoint 127.0.0.1:29400 --run-id job1 --watch
   tp-rdzv status --endpoint 127.0.0.1:29400 --store      # the store server's counters
+  tp-rdzv status --endpoint node0:29400 --store --config tls_ca=ca.pem,secret_file=s
 
 Heartbeat ages are measured by the steward on its own clock at its last tick
 (at most one keep_alive_interval ago), so skewed clocks do not distort them.
@@ -110,7 +111,23 @@ def _store_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     except ValueError as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
     try:
-        store = TCPStore(host, port, timeout=args.timeout)
+        config = parse_rendezvous_config(args.config)
+    except ValueError as exc:
+        raise CommandError(str(exc), ExitCode.USAGE) from exc
+    # The client's TLS and secret keys of the rendezvous config (the secret
+    # may also come from TP_STORE_SECRET or TP_STORE_SECRET_FILE).
+    try:
+        store = TCPStore(
+            host,
+            port,
+            timeout=args.timeout,
+            tls_cert=config.get("tls_cert"),
+            tls_key=config.get("tls_key"),
+            tls_ca=config.get("tls_ca"),
+            secret_file=config.get("secret_file"),
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc), ExitCode.USAGE) from exc
     except StoreError as exc:
         raise CommandError(
             f"cannot reach the store at {args.endpoint}: {exc}", ExitCode.UNREACHABLE

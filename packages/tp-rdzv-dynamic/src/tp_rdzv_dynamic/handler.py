@@ -228,6 +228,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # The round comes with the lease, read before posting: read after, it
         # could already be past the round this join completes.
         round_ = self._watch_lease(now).round
+        if self._round is not None:
+            # The steward moves the lease's hint only after publishing the
+            # outcome: a node calling again at once could read the old hint,
+            # have its join taken as a repeat, and get back the round it
+            # already holds while the others wait for a new one.
+            round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
         self._post_join(round_)
         while True:
@@ -272,6 +278,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         ``True`` at once. An event-driven alternative to polling
         :meth:`num_nodes_waiting`; it waits on a connection of its own, so
         heartbeats go on meanwhile.
+
+        Once per ``keep_alive_interval`` it also reads the steward lease and
+        takes it over if the steward went silent: when the steward dies with
+        the job running, no node is joining to notice, and without a steward
+        nobody would ever mark the round stale.
         """
         if self._round is None:
             return True
@@ -281,7 +292,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
             except StoreError as exc:
                 raise self._board_error("opening a watch connection", exc) from exc
             self._watcher = RendezvousBoard(store, self.get_run_id())
-        return self._watcher.await_stale(self._round, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            self._watch_lease(now)
+            if self._watcher.await_stale(self._round, min(self._tick, max(deadline - now, 0))):
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def status(self) -> RendezvousStatus:
         """A snapshot of the run for observers (see :class:`~.status.RendezvousStatus`).
