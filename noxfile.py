@@ -1,8 +1,10 @@
 """Test, lint and benchmark sessions for every package of the monorepo.
 
 `nox` runs the default sessions (the README's test command); `nox -s bench`
-runs the benchmarks. Sessions use the interpreter nox runs on; the GitHub
-matrix provides the other Python versions.
+runs the benchmarks; `nox -s fuzz` and `nox -s chaos` run the fuzzers and the
+chaos trials at length (the integration session runs them briefly). Sessions
+use the interpreter nox runs on; the GitHub matrix provides the other Python
+versions.
 """
 
 from __future__ import annotations
@@ -83,6 +85,93 @@ def integration(session: nox.Session) -> None:
     """Cross-package suites under tests/ (not interop), on uvloop."""
     session.install(*TEST_TOOLS, *_local(*PACKAGES, extras="[fast]"))
     session.run("pytest", "tests", "--ignore=tests/interop", *session.posargs)
+
+
+def _options(session: nox.Session, defaults: dict[str, str]) -> dict[str, str]:
+    """``--name value`` pairs of the posargs over ``defaults``; anything else is an error."""
+    options = dict(defaults)
+    args = list(session.posargs)
+    while args:
+        name = args.pop(0)
+        if not name.startswith("--") or name[2:] not in defaults or not args:
+            session.error(f"unknown or incomplete option {name!r}; known: {sorted(defaults)}")
+        options[name[2:]] = args.pop(0)
+    return options
+
+
+@nox.session(default=False)
+def fuzz(session: nox.Session) -> None:
+    """The codec and live-server fuzzers at length (CI runs them briefly in integration).
+
+    ``nox -s fuzz -- --seconds 600 --examples 200000 --frames 2000000 --seed 7
+    --atheris-runs 2000000``: hypothesis over the codec for ``--examples`` or
+    ``--seconds``; atheris (coverage-guided) for ``--atheris-runs`` inputs where
+    it installs (0 skips it); the network fuzzer for ``--frames`` or ``--seconds``.
+    """
+    options = _options(
+        session,
+        {
+            "seconds": "300",
+            "examples": "100000",
+            "frames": "1000000",
+            "seed": "1",
+            "atheris-runs": "500000",
+        },
+    )
+    session.install(*TEST_TOOLS, *_local("tp-store", extras="[fast]"))
+    session.run(
+        "python",
+        "tests/fuzz/fuzz_codec.py",
+        "--examples",
+        options["examples"],
+        "--seconds",
+        options["seconds"],
+        "--seed",
+        options["seed"],
+    )
+    if int(options["atheris-runs"]) > 0:
+        try:
+            session.install("atheris")
+        except nox.command.CommandFailed:
+            session.warn("atheris does not install here (no wheel, no clang): skipped")
+        else:
+            session.run(
+                "python",
+                "tests/fuzz/fuzz_codec.py",
+                "--atheris",
+                f"-runs={options['atheris-runs']}",
+                f"-max_total_time={int(float(options['seconds']))}",
+                "-max_len=4096",
+                f"-seed={options['seed']}",
+            )
+    session.run(
+        "python",
+        "tests/fuzz/fuzz_store_server.py",
+        "--frames",
+        options["frames"],
+        "--seconds",
+        options["seconds"],
+        "--seed",
+        options["seed"],
+    )
+
+
+@nox.session(default=False)
+def chaos(session: nox.Session) -> None:
+    """Chaos trials at length (CI runs 50 in integration).
+
+    ``nox -s chaos -- --trials 500 [--seed 7] [--parallel 2] [--only 17]``;
+    ``--only`` replays one trial of a seed.
+    """
+    options = _options(session, {"trials": "500", "seed": "", "parallel": "2", "only": ""})
+    session.install(*TEST_TOOLS, *_local(*PACKAGES, extras="[fast]"))
+    env = {
+        "TP_CHAOS_TRIALS": options["trials"],
+        "TP_CHAOS_SEED": options["seed"],
+        "TP_CHAOS_PARALLEL": options["parallel"],
+        "TP_CHAOS_ONLY": options["only"],
+    }
+    session.run("pytest", "tests/chaos", "-p", "no:cacheprovider", env=env)
 
 
 @nox.session

@@ -128,6 +128,8 @@ class FuzzReport:
     peak_server_rss_kib: int = 0
     final_server_rss_kib: int = 0
     elapsed_s: float = 0.0
+    #: The run ended at its time budget (``seconds``) before ``frames_requested``.
+    stopped_by_time: bool = False
 
     @property
     def ok(self) -> bool:
@@ -136,7 +138,7 @@ class FuzzReport:
             and self.health_probes_failed == 0
             and self.wellbehaved_ops_failed == 0
             and not self.server_unexpected_log
-            and self.frames_sent >= self.frames_requested
+            and (self.frames_sent >= self.frames_requested or self.stopped_by_time)
         )
 
     def summary(self) -> str:
@@ -156,6 +158,7 @@ class FuzzReport:
             ("peak server RSS (VmHWM)", f"{self.peak_server_rss_kib / 1024:.1f} MiB"),
             ("final server RSS", f"{self.final_server_rss_kib / 1024:.1f} MiB"),
             ("elapsed", f"{self.elapsed_s:.1f} s"),
+            ("stopped at the time budget", "yes" if self.stopped_by_time else "no"),
             ("verdict", "OK" if self.ok else "FAILED"),
         ]
         width = max(len(name) for name, _ in rows)
@@ -581,8 +584,9 @@ def run_fuzz(
     max_frames_per_connection: int = 40,
     probe_every: int = 5_000,
     progress: Callable[[str], None] | None = None,
+    seconds: float | None = None,
 ) -> FuzzReport:
-    """Start a server, fuzz it with ``frames`` frames, and report."""
+    """Start a server, fuzz it with ``frames`` frames (or for ``seconds``), and report."""
     report = FuzzReport(seed=seed, frames_requested=frames)
     pick = random.Random(seed)  # which connection sends next
     numbers = itertools.count()
@@ -666,6 +670,9 @@ def run_fuzz(
     try:
         wellbehaved.start()
         while report.frames_sent < frames and not hung.is_set():
+            if seconds is not None and time.monotonic() - started >= seconds:
+                report.stopped_by_time = True
+                break
             if not refill():
                 report.server_crashes = 1
                 break
@@ -727,6 +734,9 @@ def run_fuzz(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=100_000, help="frames to send")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="stop after this long, even short of --frames"
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the frame generator")
     parser.add_argument("--connections", type=int, default=16, help="concurrent fuzz connections")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -741,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         connections=args.connections,
         progress=None if args.quiet else progress,
+        seconds=args.seconds,
     )
     print(report.to_json() if args.json else report.summary())
     return 0 if report.ok else 1

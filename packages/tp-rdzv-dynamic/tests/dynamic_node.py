@@ -7,7 +7,8 @@ per stdin line and answers each with exactly one JSON line on stdout:
 
 =============  ==========================================================
 ``next``       ``next_rendezvous()``: rank, world_size, participants (as
-               ``str``), wait_list, bootstrap ``[addr, port]``, elapsed s
+               ``str``), wait_list, bootstrap ``[addr, port]``, round (the
+               handler's ``round`` where it has one), elapsed s
 ``waiting``    ``num_nodes_waiting()`` as ``value``
 ``closed?``    ``is_closed()`` as ``value``
 ``close``      ``set_closed()``
@@ -26,11 +27,14 @@ anything else the process prints goes to stderr.
 Spec keys: ``backend`` (default ``core``), ``endpoint``, ``run_id``,
 ``min_nodes``, ``max_nodes``, ``local_addr``, ``node_rank`` (optional),
 ``config`` (the ``RendezvousParameters`` config), ``clock_skew`` (seconds;
-also ``TP_DYNAMIC_NODE_CLOCK_SKEW``) and ``log_level`` (e.g. ``DEBUG``, logs to
-stderr). A non-zero ``clock_skew`` shifts this process's wall clock
-(``time.time``, ``time.time_ns``, ``datetime.now``/``utcnow``/``today``)
-*before* anything of ``tp_rdzv_*`` is imported, to play a host whose clock is
-wrong; ``time.monotonic`` is left alone.
+also ``TP_DYNAMIC_NODE_CLOCK_SKEW``), ``log_level`` (e.g. ``DEBUG``, logs to
+stderr), ``log_file`` (logs to this file instead) and ``log_format`` (``text``,
+or ``json``: one object per line with ``time``, ``level``, ``logger``,
+``message`` and every ``extra`` field, such as the structured events'
+``action``, ``round`` and ``participants_digest``). A non-zero ``clock_skew``
+shifts this process's wall clock (``time.time``, ``time.time_ns``,
+``datetime.now``/``utcnow``/``today``) *before* anything of ``tp_rdzv_*`` is
+imported, to play a host whose clock is wrong; ``time.monotonic`` is left alone.
 
 Imported as a module (by the tests), it offers :class:`NodeProcess`, the
 parent's handle on one such process. The module imports only the standard
@@ -140,6 +144,48 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return answer
 
 
+def _configure_logging(spec: dict[str, Any]) -> None:
+    """Log at ``log_level`` to stderr or ``log_file``, as text or JSON lines."""
+    import logging
+
+    style = spec.get("log_format", "text")
+    if style not in ("text", "json"):
+        raise SystemExit(f"log_format must be text or json, got {style!r}")
+    path = spec.get("log_file")
+    # A file handler flushes every record: a node killed with SIGKILL loses at
+    # most the line being written, which readers of the file skip.
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stderr) if not path else logging.FileHandler(path)
+    )
+    if style == "json":
+        standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+        standard |= {"message", "asctime", "taskName"}
+
+        class JsonLines(logging.Formatter):
+            def format(self, record: logging.LogRecord) -> str:
+                document: dict[str, Any] = {
+                    "time": record.created,
+                    "pid": record.process,
+                    "level": record.levelname,
+                    "logger": record.name,
+                    "thread": record.threadName,
+                    "message": record.getMessage(),
+                }
+                for name, value in vars(record).items():
+                    if name not in standard and not name.startswith("_"):
+                        document[name] = value
+                return json.dumps(document, default=str)
+
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(relativeCreated)8.0f {os.getpid()} %(threadName)s %(name)s: %(message)s"
+            )
+        )
+    logging.basicConfig(level=str(spec["log_level"]).upper(), handlers=[handler])
+
+
 def main(argv: list[str]) -> int:
     """Build the handler, then answer commands until ``exit`` or end of input."""
     spec = _load_spec(argv)
@@ -159,13 +205,7 @@ def main(argv: list[str]) -> int:
         out.flush()
 
     if spec.get("log_level"):
-        import logging
-
-        logging.basicConfig(
-            stream=sys.stderr,
-            level=str(spec["log_level"]).upper(),
-            format=f"%(relativeCreated)8.0f {os.getpid()} %(threadName)s %(name)s: %(message)s",
-        )
+        _configure_logging(spec)
 
     import datetime as dt
     import hashlib
@@ -223,6 +263,7 @@ def main(argv: list[str]) -> int:
                     bootstrap=None
                     if bootstrap is None
                     else [bootstrap.master_addr, bootstrap.port],
+                    round=getattr(handler, "round", None),
                 )
             elif command == "waiting":
                 answer["value"] = handler.num_nodes_waiting()

@@ -237,10 +237,14 @@ def decode_state(raw: bytes, where: str) -> RendezvousState:
         last_order=[node for node, _ in reader.nodes("last_order")],
         epoch=reader.value("epoch", int),
     )
-    if state.complete and sorted(state.participants.values()) != list(
-        range(len(state.participants))
+    # Participants keep their ranks when others leave a completed round, so
+    # the ranks may have gaps; each must still be the node's place in the
+    # order the round completed with.
+    order = state.last_order
+    if state.complete and any(
+        rank >= len(order) or order[rank] != node for node, rank in state.participants.items()
     ):
-        raise reader.error("has a complete round whose ranks are not 0..n-1")
+        raise reader.error("has a complete round whose ranks are not its places in last_order")
     return state
 
 

@@ -267,7 +267,20 @@ class Steward:
         """Publish the outcomes of the rounds that completed, then the counters."""
         for round_, outcome in transition.outcomes:
             self.board.publish(round_, outcome)
-            self._event(logging.INFO, "round_complete", f"round {round_} complete", round_)
+            if log.isEnabledFor(logging.INFO):
+                # The record names the membership committed (a digest, not the
+                # list): a log of these is what split-brain checks compare.
+                members = decode_outcome(outcome, self.board.outcome_key(round_)).participants
+                log_event(
+                    log,
+                    logging.INFO,
+                    "round_complete",
+                    f"round {round_} complete with {len(members)} nodes (epoch {self.epoch})",
+                    run_id=self.board.run_id,
+                    node=self.node,
+                    round_=round_,
+                    participants=members,
+                )
         self._publish_counters()
 
     def _publish_counters(self) -> None:
