@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -41,21 +38,6 @@ def spawn_node() -> Iterator[Callable[..., dynamic_node.NodeProcess]]:
     ``spawn_node(name, spec, env=None)`` returns a :class:`dynamic_node.NodeProcess`
     at once, without waiting for its ``ready`` line.
     """
-    nodes: list[dynamic_node.NodeProcess] = []
-
-    def spawn(
-        name: str, spec: dict[str, Any], env: dict[str, str] | None = None
-    ) -> dynamic_node.NodeProcess:
-        node = dynamic_node.NodeProcess(name, spec, env)
-        nodes.append(node)
-        return node
-
-    yield spawn
-    # Ask everyone to exit first (idle nodes leave at once), then kill the rest.
-    for node in nodes:
-        if node.alive():
-            with contextlib.suppress(AssertionError):
-                node.send("exit")
-    deadline = time.monotonic() + 2.0
-    for node in nodes:
-        node.stop(grace=max(0.0, deadline - time.monotonic()))
+    fleet = dynamic_node.NodeFleet()
+    yield fleet.spawn
+    fleet.close()

@@ -454,3 +454,28 @@ class NodeProcess:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+
+
+class NodeFleet:
+    """The node processes one test started: :meth:`close` makes sure none outlives it."""
+
+    def __init__(self) -> None:
+        self.nodes: list[NodeProcess] = []
+
+    def spawn(
+        self, name: str, spec: dict[str, Any], env: dict[str, str] | None = None
+    ) -> NodeProcess:
+        """Start a node process; returns at once, without waiting for its ``ready`` line."""
+        node = NodeProcess(name, spec, env)
+        self.nodes.append(node)
+        return node
+
+    def close(self, grace: float = 2.0) -> None:
+        """Ask every node to exit (idle nodes leave at once), then kill the rest."""
+        for node in self.nodes:
+            if node.alive():
+                with contextlib.suppress(AssertionError):
+                    node.send("exit")
+        deadline = time.monotonic() + grace
+        for node in self.nodes:
+            node.stop(grace=max(0.0, deadline - time.monotonic()))

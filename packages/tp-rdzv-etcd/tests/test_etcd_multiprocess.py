@@ -8,7 +8,6 @@ read of a node's answer has a deadline, so a hang is a failure.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 import uuid
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from dynamic_node import NodeProcess
+from dynamic_node import NodeFleet, NodeProcess
 
 from tp_rdzv_etcd.local import LocalEtcd
 
@@ -30,21 +29,9 @@ Spawn = Callable[[str, dict[str, Any]], NodeProcess]
 @pytest.fixture
 def spawn_node() -> Iterator[Spawn]:
     """Start node processes; every one is gone after the test."""
-    nodes: list[NodeProcess] = []
-
-    def spawn(name: str, spec: dict[str, Any]) -> NodeProcess:
-        node = NodeProcess(name, spec)
-        nodes.append(node)
-        return node
-
-    yield spawn
-    for node in nodes:
-        if node.alive():
-            with contextlib.suppress(AssertionError):
-                node.send("exit")
-    deadline = time.monotonic() + 2.0
-    for node in nodes:
-        node.stop(grace=max(0.0, deadline - time.monotonic()))
+    fleet = NodeFleet()
+    yield fleet.spawn
+    fleet.close()
 
 
 def node_spec(
