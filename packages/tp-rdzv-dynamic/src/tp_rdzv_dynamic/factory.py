@@ -24,6 +24,7 @@ and ``tls_ca``. A wrong or missing secret, or a failed TLS handshake, is a
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters
 from tp_rdzv_api.coercion import to_seconds
@@ -46,35 +47,45 @@ SECURITY_KEYS = ("tls_cert", "tls_key", "tls_ca", "tls_client_ca", "secret_file"
 
 def create_core_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     """Backend ``core``: the dynamic handler on :class:`TpRendezvousBackend` (the default)."""
-    return _create(params, "core", TpRendezvousBackend)
+    return build_handler(params, "core", create_store)
 
 
 def create_c10d_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     """Backend ``c10d``: ``core`` under the name torchrun users type."""
-    return _create(params, "c10d", TpRendezvousBackend)
+    return build_handler(params, "c10d", create_store)
 
 
 def create_p10d_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     """Backend ``p10d``: the dynamic handler on :class:`P10dRendezvousBackend`."""
-    return _create(params, "p10d", P10dRendezvousBackend)
+    return build_handler(params, "p10d", create_store, P10dRendezvousBackend)
 
 
-def _create(
+def build_handler(
     params: RendezvousParameters,
     name: str,
-    backend_type: type[TpRendezvousBackend] | type[P10dRendezvousBackend],
+    open_store: Callable[[RendezvousParameters], Store],
+    backend_type: type[TpRendezvousBackend] | type[P10dRendezvousBackend] = TpRendezvousBackend,
 ) -> DynamicRendezvousHandler:
+    """The dynamic handler ``params`` describe, as backend ``name``, on ``open_store(params)``.
+
+    The settings are checked before the store opens; the store is closed again
+    if the handler cannot be built. Other backends (``etcd``) build on this.
+    """
     settings = settings_from(params)
-    store = create_store(params)
-    backend: RendezvousBackend = backend_type(store, params.run_id)
-    return DynamicRendezvousHandler(
-        backend=backend,
-        settings=settings,
-        local_addr=params.local_addr,
-        node_rank=params.node_rank,
-        store=store,
-        backend_name=name,
-    )
+    store = open_store(params)
+    try:
+        backend: RendezvousBackend = backend_type(store, params.run_id)
+        return DynamicRendezvousHandler(
+            backend=backend,
+            settings=settings,
+            local_addr=params.local_addr,
+            node_rank=params.node_rank,
+            store=store,
+            backend_name=name,
+        )
+    except BaseException:
+        store.close()
+        raise
 
 
 def settings_from(params: RendezvousParameters) -> RendezvousSettings:

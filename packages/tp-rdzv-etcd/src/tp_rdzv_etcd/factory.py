@@ -22,8 +22,8 @@ import os
 
 from tp_rdzv_api import RendezvousParameters
 from tp_rdzv_api.coercion import to_seconds
-from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
-from tp_rdzv_dynamic.factory import settings_from
+from tp_rdzv_dynamic import DynamicRendezvousHandler
+from tp_rdzv_dynamic.factory import build_handler
 
 from .endpoints import PROTOCOLS, parse_endpoints
 from .store import EtcdStore
@@ -41,21 +41,7 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     Raises:
         ValueError: a malformed endpoint or config value (naming the key).
     """
-    settings = settings_from(params)
-    store = create_store(params)
-    try:
-        backend = TpRendezvousBackend(store, params.run_id)
-        return DynamicRendezvousHandler(
-            backend=backend,
-            settings=settings,
-            local_addr=params.local_addr,
-            node_rank=params.node_rank,
-            store=store,
-            backend_name="etcd",
-        )
-    except BaseException:
-        store.close()
-        raise
+    return build_handler(params, "etcd", create_store)
 
 
 def create_store(params: RendezvousParameters) -> EtcdStore:
