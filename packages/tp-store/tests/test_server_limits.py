@@ -14,18 +14,16 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from raw_client import Raw, wait_until
 
 from tp_store import Limits, StoreLimitError, TCPStore
 from tp_store.protocol import (
     Append,
     Get,
-    Incomplete,
     ListKeys,
     MultiGet,
-    Ping,
     QueuePush,
     ReplyKind,
-    ReplyParser,
     Set,
     Validate,
     Wait,
@@ -34,14 +32,6 @@ from tp_store.server import ServerThread, StoreServer
 from tp_store.state import StoreState
 
 TIMEOUT = 10.0
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {TIMEOUT} s waiting until {what}")
-        time.sleep(0.005)
 
 
 def serve(**kwargs: object) -> ServerThread:
@@ -63,41 +53,11 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
         thread.stop()
 
 
-class Raw:
-    def __init__(self, port: int, validate: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-        self.parser = ReplyParser()
-        if validate:
-            self.sock.sendall(Validate().encode())
-
-    def request(self, data: bytes, kind: ReplyKind, count: int = 0) -> object:
-        self.sock.sendall(data)
-        self.parser.expect(kind, count)
-        while isinstance(reply := self.parser.next_reply(), Incomplete):
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("the server closed the connection")
-            self.parser.feed(chunk)
-        return reply
-
-    def ping(self) -> None:
-        assert self.request(Ping(7).encode(), ReplyKind.U32) == 7
-
-    def closed_by_server(self, within: float = TIMEOUT) -> float:
-        """Seconds until the server closed the connection (fails after ``within``)."""
-        started = time.monotonic()
-        self.sock.settimeout(within)
-        try:
-            while self.sock.recv(1 << 16):
-                pass
-        except ConnectionResetError:
-            pass
-        except TimeoutError:
-            pytest.fail(f"the server kept the connection open for {within} s")
-        return time.monotonic() - started
-
-    def close(self) -> None:
-        self.sock.close()
+def seconds_until_closed(client: Raw) -> float:
+    """Seconds until the server closes ``client``'s connection (fails after a read timeout)."""
+    started = time.monotonic()
+    client.assert_closed()
+    return time.monotonic() - started
 
 
 # ---------------------------------------------------------------------------
@@ -113,7 +73,7 @@ def test_connections_beyond_the_limit_are_closed_at_once(
     for client in clients:
         client.ping()
     extra = Raw(thread.server.port)
-    assert extra.closed_by_server() < TIMEOUT
+    assert seconds_until_closed(extra) < TIMEOUT
     stats = thread.server.stats()
     assert stats["connections_refused"] == 1
     assert stats["connections_open"] == 3
@@ -148,11 +108,11 @@ def test_a_key_beyond_max_keys_closes_that_connection(
     thread = make_server(limits=Limits(max_keys=3))
     writer = Raw(thread.server.port)
     for index in range(3):
-        writer.sock.sendall(Set(b"k%d" % index, b"v").encode())
-    writer.sock.sendall(Set(b"k0", b"overwritten").encode())  # not a new key: fine
+        writer.send(Set(b"k%d" % index, b"v").encode())
+    writer.send(Set(b"k0", b"overwritten").encode())  # not a new key: fine
     writer.ping()
-    writer.sock.sendall(Set(b"one-too-many", b"v").encode())
-    writer.closed_by_server()
+    writer.send(Set(b"one-too-many", b"v").encode())
+    writer.assert_closed()
     assert thread.server.state.num_keys() == 3
     assert thread.server.stats()["connections_protocol_errors"] == 1
     other = Raw(thread.server.port)
@@ -177,10 +137,10 @@ def test_append_cannot_grow_a_value_past_max_value_bytes(
 ) -> None:
     thread = make_server(limits=Limits(max_value_bytes=1000, max_message_bytes=1 << 20))
     client = Raw(thread.server.port)
-    client.sock.sendall(Append(b"log", b"x" * 600).encode())
+    client.send(Append(b"log", b"x" * 600).encode())
     client.ping()
-    client.sock.sendall(Append(b"log", b"x" * 600).encode())
-    client.closed_by_server()
+    client.send(Append(b"log", b"x" * 600).encode())
+    client.assert_closed()
     assert thread.server.state.get(b"log") == b"x" * 600
 
 
@@ -191,9 +151,9 @@ def test_a_request_over_max_message_bytes_is_refused_from_its_prefix(
     thread = make_server(limits=limits)
     client = Raw(thread.server.port)
     keys = tuple(b"k%03d" % index for index in range(200))  # 200 * 12 bytes > 2000
-    client.sock.sendall(Wait(keys).encode()[:1500])
-    client.sock.sendall(Wait(keys).encode()[1500:])
-    client.closed_by_server()
+    client.send(Wait(keys).encode()[:1500])
+    client.send(Wait(keys).encode()[1500:])
+    client.assert_closed()
     assert thread.server.stats()["connections_protocol_errors"] == 1
 
 
@@ -203,12 +163,12 @@ def test_a_reply_over_max_message_bytes_closes_the_connection(
     limits = Limits(max_key_bytes=100, max_value_bytes=1000, max_message_bytes=5000)
     thread = make_server(limits=limits)
     client = Raw(thread.server.port)
-    client.sock.sendall(Set(b"big", b"v" * 1000).encode())
+    client.send(Set(b"big", b"v" * 1000).encode())
     assert (
         client.request(MultiGet((b"big",) * 4).encode(), ReplyKind.VALUES, 4) == [b"v" * 1000] * 4
     )
-    client.sock.sendall(MultiGet((b"big",) * 10).encode())  # 10 KB of reply
-    client.closed_by_server()
+    client.send(MultiGet((b"big",) * 10).encode())  # 10 KB of reply
+    client.assert_closed()
     lister = Raw(thread.server.port)
     assert lister.request(ListKeys().encode(), ReplyKind.KEY_LIST) == [b"big"]
 
@@ -233,14 +193,14 @@ def test_a_trickled_request_is_closed_after_the_request_timeout(
             if stop.wait(0.05):
                 return
             try:
-                client.sock.sendall(bytes((byte,)))
+                client.send(bytes((byte,)))
             except OSError:
                 return
 
     sender = threading.Thread(target=trickle, daemon=True)
     sender.start()
     try:
-        elapsed = client.closed_by_server()
+        elapsed = seconds_until_closed(client)
     finally:
         stop.set()
         sender.join()
@@ -256,13 +216,13 @@ def test_idle_and_waiting_connections_are_never_timed_out(
     idle = Raw(thread.server.port)
     idle.ping()
     waiting = Raw(thread.server.port)
-    waiting.sock.sendall(Wait((b"later",)).encode())
+    waiting.send(Wait((b"later",)).encode())
     wait_until(lambda: thread.server.stats()["waiters_parked"] == 1, "the wait is parked")
     # Many request timeouts pass, on an event, not a sleep: the sweeper runs
     # every 50 ms, so a dozen of its rounds go by while this waits.
     threading.Event().wait(1.0)
     idle.ping()
-    Raw(thread.server.port).sock.sendall(Set(b"later", b"1").encode())
+    Raw(thread.server.port).send(Set(b"later", b"1").encode())
     waiting.sock.settimeout(TIMEOUT)
     assert waiting.sock.recv(1) == b"\x00"
     assert thread.server.stats()["connections_timed_out"] == 0
@@ -273,7 +233,7 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_request_timeout(
 ) -> None:
     thread = make_server(request_timeout=0.3)
     silent = Raw(thread.server.port, validate=False)
-    assert silent.closed_by_server() < 5
+    assert seconds_until_closed(silent) < 5
     assert thread.server.stats()["connections_timed_out"] == 1
 
 
@@ -300,7 +260,7 @@ def test_a_flooder_that_never_reads_holds_bounded_memory(
     thread = make_server()
     value = b"v" * (1 << 20)
     setter = Raw(thread.server.port)
-    setter.sock.sendall(Set(b"big", value).encode())
+    setter.send(Set(b"big", value).encode())
     setter.ping()
     flooder = socket.create_connection(("127.0.0.1", thread.server.port), timeout=TIMEOUT)
     flooder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
@@ -341,5 +301,5 @@ def test_request_size_is_bounded_without_buffering_it(
     thread = make_server()
     client = Raw(thread.server.port)
     # A length prefix of 1 TiB: refused on sight, nothing allocated.
-    client.sock.sendall(QueuePush(b"q", b"").encode()[:-8] + (1 << 40).to_bytes(8, "little"))
-    client.closed_by_server()
+    client.send(QueuePush(b"q", b"").encode()[:-8] + (1 << 40).to_bytes(8, "little"))
+    client.assert_closed()

@@ -23,11 +23,11 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
+from raw_client import Raw, wait_until
 
 import tp_store
 import tp_store.server as server_module
@@ -40,7 +40,6 @@ from tp_store.protocol import (
     Get,
     Ping,
     ReplyKind,
-    ReplyParser,
     Set,
     Validate,
     Wait,
@@ -60,15 +59,6 @@ _T = TypeVar("_T")
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(0.002)
 
 
 class Server:
@@ -113,55 +103,6 @@ class Server:
             return result
 
         return self.on_loop(flags)
-
-
-class Raw:
-    """A raw client socket with a reply parser; VALIDATE is sent unless told not to."""
-
-    def __init__(self, port: int, host: str = "127.0.0.1", validate: bool = True) -> None:
-        self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = ReplyParser()
-        if validate:
-            self.send(VALIDATE)
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def read(self, kind: ReplyKind, count: int = 0) -> Any:
-        self.parser.expect(kind, count)
-        while isinstance(reply := self.parser.next_reply(), tp_store.protocol.Incomplete):
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the server closed the connection")
-            self.parser.feed(data)
-        return reply
-
-    def request(self, data: bytes, kind: ReplyKind, count: int = 0) -> Any:
-        self.send(data)
-        return self.read(kind, count)
-
-    def ping(self, nonce: int = 12345) -> None:
-        """A round trip: the server answers, and nothing stray came before the answer."""
-        assert self.request(Ping(nonce).encode(), ReplyKind.U32) == nonce
-
-    def assert_closed(self) -> bytes:
-        """Read until the server closes; return what came first. Fails on a read timeout."""
-        received = b""
-        self.sock.settimeout(TIMEOUT)
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                return received
-            except TimeoutError:
-                pytest.fail(f"the server kept the connection open for {TIMEOUT} s")
-            if not data:
-                return received
-            received += data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def check_healthy(server: Server, *clients: Raw) -> None:
@@ -230,8 +171,8 @@ def test_request_sent_one_byte_at_a_time_is_served(server: Server) -> None:
             lambda: server.buffered() == [expected],  # noqa: B023 - called before the next loop
             f"the server has received byte {sent}",
         )
-    assert client.read(ReplyKind.BYTES) == b"value"
-    assert client.read(ReplyKind.U32) == 9
+    assert client.read_reply(ReplyKind.BYTES) == b"value"
+    assert client.read_reply(ReplyKind.U32) == 9
 
 
 @pytest.mark.parametrize(
@@ -403,7 +344,7 @@ def test_cancel_wait_without_a_pending_wait_is_answered(server: Server) -> None:
     client = Raw(server.port)
     assert client.request(CancelWait().encode(), ReplyKind.U8) == 1
     assert client.request(CancelWait().encode() * 2, ReplyKind.U8) == 1
-    assert client.read(ReplyKind.U8) == 1
+    assert client.read_reply(ReplyKind.U8) == 1
     client.ping()
 
 
@@ -411,8 +352,8 @@ def test_wait_answered_before_its_cancel_gets_both_replies(server: Server) -> No
     client = Raw(server.port)
     client.send(Set(b"here", b"v").encode())
     client.send(Wait((b"here",)).encode() + CancelWait().encode())
-    assert client.read(ReplyKind.U8) == 0  # STOP_WAITING
-    assert client.read(ReplyKind.U8) == 1  # WAIT_CANCELED
+    assert client.read_reply(ReplyKind.U8) == 0  # STOP_WAITING
+    assert client.read_reply(ReplyKind.U8) == 1  # WAIT_CANCELED
     client.ping()
 
 
@@ -428,7 +369,7 @@ def test_wait_is_woken_by_a_write_from_another_client(server: Server) -> None:
         waiter.sock.recv(1)
     waiter.sock.settimeout(TIMEOUT)
     writer.send(Add(b"b", 1).encode())
-    assert waiter.read(ReplyKind.U8) == 0
+    assert waiter.read_reply(ReplyKind.U8) == 0
     waiter.ping()
 
 
@@ -445,7 +386,7 @@ def test_closing_a_connection_drops_its_parked_wait(
     writer = Raw(server.port)
     writer.send(Set(b"k", b"value").encode())
     writer.ping()  # the write did not fail on the dropped waiter
-    assert stayer.read(ReplyKind.WAIT_GET, 1) == (0, [b"value"])
+    assert stayer.read_reply(ReplyKind.WAIT_GET, 1) == (0, [b"value"])
     assert server.no_waiters()
     check_healthy(server, stayer, writer)
     no_errors_logged(caplog)
@@ -461,7 +402,7 @@ def test_closing_a_connection_parked_in_a_barrier(
     leaver.close()
     wait_until(lambda: server.barrier_waiters(b"bar") == 1, "the closed member is dropped")
     assert last.request(Barrier(b"bar", 3).encode(), ReplyKind.U8) == 0
-    assert first.read(ReplyKind.U8) == 0
+    assert first.read_reply(ReplyKind.U8) == 0
     assert server.no_waiters()
     check_healthy(server, first, last)
     no_errors_logged(caplog)
@@ -499,8 +440,8 @@ def test_500_concurrent_connections(server: Server) -> None:
             )
         totals = []
         for i, client in enumerate(clients):
-            totals.append(client.read(ReplyKind.I64))
-            assert client.read(ReplyKind.BYTES) == b"value %d" % i
+            totals.append(client.read_reply(ReplyKind.I64))
+            assert client.read_reply(ReplyKind.BYTES) == b"value %d" % i
         assert sorted(totals) == list(range(1, count + 1))
     finally:
         for client in clients:
@@ -656,7 +597,7 @@ def test_a_client_that_never_reads_stops_being_read(server: Server) -> None:
     check_healthy(server, other)
     # Once the client reads, every reply arrives, in order.
     for _ in range(64):
-        assert flooder.read(ReplyKind.BYTES) == value
+        assert flooder.read_reply(ReplyKind.BYTES) == value
     wait_until(lambda: max(server.buffered()) == 0, "the held requests are served")
 
 
@@ -670,4 +611,4 @@ def test_a_request_trickled_in_small_pieces_is_served(server: Server) -> None:
     wait_until(lambda: server.waiters_on(keys[0]) == 1, "the wait is parked")
     writer = Raw(server.port)
     writer.send(tp_store.protocol.MultiSet(tuple((key, b"1") for key in keys)).encode())
-    assert client.read(ReplyKind.U8) == 0
+    assert client.read_reply(ReplyKind.U8) == 0

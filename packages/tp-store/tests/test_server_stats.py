@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from raw_client import Raw, wait_until
 
 import tp_store.server as server_module
 from tp_store import (
@@ -52,59 +51,6 @@ from tp_store.server import ServerThread, StoreServer
 TIMEOUT = 10.0
 #: What our client sends first on every connection: VALIDATE, then the extension offer.
 HANDSHAKE = Validate().encode() + Ping(EXTENSION_OFFER).encode()
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``TIMEOUT`` seconds."""
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {TIMEOUT} s waiting until {what}")
-        time.sleep(0.002)
-
-
-class Raw:
-    """A raw loopback socket that counts the bytes it sends and receives."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-        self.sent = 0
-        self.received = 0
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-        self.sent += len(data)
-
-    def read(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("the server closed the connection")
-            data += chunk
-        self.received += len(data)
-        return data
-
-    def read_blob(self) -> bytes:
-        """A byte-string reply: its u64 length, then its bytes."""
-        return self.read(int.from_bytes(self.read(8), "little"))
-
-    def assert_closed(self) -> bytes:
-        """Read until the server closes; return what came first. Fails on a read timeout."""
-        received = b""
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                return received
-            except TimeoutError:
-                pytest.fail(f"the server kept the connection open for {TIMEOUT} s")
-            if not data:
-                return received
-            received += data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _have_uvloop() -> bool:
@@ -173,18 +119,18 @@ def test_a_fresh_server_counts_nothing(server: StoreServer) -> None:
 
 
 def test_counts_after_a_known_sequence_are_exact(server: StoreServer) -> None:
-    raw = Raw(server.port)
+    raw = Raw(server.port, validate=False)
     raw.send(HANDSHAKE)
-    assert raw.read(4) == encode_u32(EXTENSION_ACCEPT)
+    assert raw.read_exact(4) == encode_u32(EXTENSION_ACCEPT)
     raw.send(Set(b"a", b"1").encode() + Set(b"b", b"2").encode())
     raw.send(Add(b"n", 2).encode())
-    assert raw.read(8) == encode_i64(2)
+    assert raw.read_exact(8) == encode_i64(2)
     raw.send(Add(b"n", 3).encode())
-    assert raw.read(8) == encode_i64(5)
+    assert raw.read_exact(8) == encode_i64(5)
     raw.send(Get(b"a").encode())
     assert raw.read_blob() == b"1"
     raw.send(Wait((b"a", b"b")).encode())
-    assert raw.read(1) == encode_u8(0)
+    assert raw.read_exact(1) == encode_u8(0)
     received_before = raw.received
     raw.send(Stats().encode())
     over_the_wire = decode_stats(raw.read_blob())
@@ -203,13 +149,11 @@ def test_counts_after_a_known_sequence_are_exact(server: StoreServer) -> None:
 
 def test_parked_waiters_are_counted_while_they_wait(server: StoreServer) -> None:
     waiter, barrier, writer = Raw(server.port), Raw(server.port), Raw(server.port)
-    for raw in (waiter, barrier, writer):
-        raw.send(Validate().encode())
     waiter.send(Wait((b"later",)).encode())
     barrier.send(Barrier(b"meet", 2).encode())
     wait_until(lambda: server.stats()["waiters_parked"] == 2, "both clients are parked")
     writer.send(Set(b"later", b"x").encode())
-    assert waiter.read(1) == encode_u8(0)
+    assert waiter.read_exact(1) == encode_u8(0)
     wait_until(lambda: server.stats()["waiters_parked"] == 1, "the wait is over")
     barrier.close()  # closing drops the parked barrier
     wait_until(lambda: server.stats()["waiters_parked"] == 0, "the barrier is dropped")
@@ -218,7 +162,7 @@ def test_parked_waiters_are_counted_while_they_wait(server: StoreServer) -> None
 
 
 def test_connections_open_and_accepted(server: StoreServer) -> None:
-    clients = [Raw(server.port) for _ in range(3)]
+    clients = [Raw(server.port, validate=False) for _ in range(3)]
     wait_until(lambda: server.stats()["connections_open"] == 3, "three connections are open")
     for raw in clients[:2]:
         raw.close()
@@ -233,7 +177,7 @@ def test_a_protocol_error_is_counted_and_logged_with_fields(
     server: StoreServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="tp_store.server")
-    raw = Raw(server.port)
+    raw = Raw(server.port, validate=False)
     raw.send(Validate().encode() + bytes([0x7F]))  # an opcode nobody defines
     raw.assert_closed()
     wait_until(lambda: server.stats()["connections_open"] == 0, "the connection is gone")
@@ -252,12 +196,10 @@ def test_a_protocol_error_is_counted_and_logged_with_fields(
 
 def test_bytes_of_woken_waits_are_counted(server: StoreServer) -> None:
     waiter, writer = Raw(server.port), Raw(server.port)
-    waiter.send(Validate().encode())
-    writer.send(Validate().encode())
     waiter.send(Wait((b"k",)).encode())
     wait_until(lambda: server.stats()["waiters_parked"] == 1, "the wait is parked")
     writer.send(Set(b"k", b"v").encode())
-    assert waiter.read(1) == encode_u8(0)
+    assert waiter.read_exact(1) == encode_u8(0)
     stats = server.stats()
     assert stats["bytes_sent"] == 1
     assert stats["bytes_received"] == waiter.sent + writer.sent
@@ -331,10 +273,10 @@ def test_stats_read_while_clients_work(server: StoreServer, client: TCPStore) ->
 def test_a_plain_pytorch_client_never_gets_stats(
     server: StoreServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    raw = Raw(server.port)
+    raw = Raw(server.port, validate=False)
     # A PyTorch client's handshake: VALIDATE, then PING with its pid as the nonce.
     raw.send(Validate().encode() + Ping(os.getpid()).encode())
-    assert raw.read(4) == encode_u32(os.getpid())
+    assert raw.read_exact(4) == encode_u32(os.getpid())
     raw.send(Set(b"a", b"1").encode() + Get(b"a").encode())
     assert raw.read_blob() == b"1"
     # STATS without the extension offer is an opcode a PyTorch server would not know.
