@@ -125,8 +125,11 @@ def test_joins_do_not_storm_the_state_key(size):
 @pytest.mark.parametrize("size", [16, 64])
 def test_the_steward_is_linear_in_the_node_count(size):
     steward_ops = sum(sum(calls.values()) for calls in run_round(size)[1])
-    # A pop per message (and per re-post), a few operations per batch, a handful per round.
-    assert steward_ops <= 3 * size + 24
+    # A pop per message, and per batch a wait, the pop that finds the mailbox
+    # empty and the counters. On a loaded machine every message may come in a
+    # batch of its own: 4 per node at worst, plus a handful per round. Anything
+    # quadratic would be thousands at 64 nodes.
+    assert steward_ops <= 4 * size + 24
 
 
 def test_completion_is_event_driven():
