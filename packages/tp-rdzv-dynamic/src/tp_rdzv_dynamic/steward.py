@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 
 #: How many times a batch is re-applied after losing a compare-and-set race.
 _MAX_RETRIES = 16
+#: Heartbeat samples per keep-alive interval. A beat is seen at most this
+#: fraction of an interval after it lands, so a dead node is found within the
+#: liveness bound plus a quarter interval (sampling once per interval, it took
+#: up to two intervals more).
+_SCANS_PER_TICK = 4
 
 
 class LeaseLost(Exception):
@@ -63,6 +68,7 @@ class Steward:
         self._lease = lease
         self._beat = 0
         self._tick = settings.keep_alive_interval.total_seconds()
+        self._scan_every = self._tick / _SCANS_PER_TICK
         self._liveness = LivenessTracker(settings.liveness_bound.total_seconds())
         self._stop = threading.Event()
         self._state = RendezvousState()  # what this steward decided
@@ -135,7 +141,7 @@ class Steward:
         else:
             raise LeaseLost
         now = time.monotonic()
-        self._next_scan = now
+        self._next_scan = self._next_flush = now
         self._next_beat = now + self._tick
         state = self._state
         if state.complete:
@@ -168,24 +174,29 @@ class Steward:
                 if receipt is not None:
                     receipts.append(receipt)
         now = time.monotonic()
-        tick = now >= self._next_scan
-        if tick:
-            events.extend(self._find_dead(now))
-            self._next_scan = now + self._tick
+        flush = False
+        if now >= self._next_scan:
+            # Once per interval, at a scan: persist gathered joins, report ages.
+            flush = now >= self._next_flush
+            if flush:
+                self._next_flush = now + self._tick
+            events.extend(self._find_dead(now, report=flush))
+            self._next_scan = now + self._scan_every
         expired = self._last_call_at is not None and now >= self._last_call_at
-        if events or expired or tick:
-            self._decide(events, expired, flush=tick)
+        if events or expired or flush:
+            self._decide(events, expired, flush=flush)
         self.board.confirm(receipts)
         if now >= self._next_beat:
             self._beat_lease()
             self._next_beat = now + self._tick
 
-    def _find_dead(self, now: float) -> list[Event]:
+    def _find_dead(self, now: float, report: bool) -> list[Event]:
         members = list(self._state.members())
         counters = self.board.sample_heartbeats(members)
         by_key = {node.key: node for node in members}
         silent = self._liveness.observe(dict(zip(by_key, counters, strict=True)), now)
-        self._liveness_report = encode_liveness(self._liveness.ages(now))
+        if report:
+            self._liveness_report = encode_liveness(self._liveness.ages(now))
         for key in silent:
             log_event(
                 log,
