@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
+import fuzz_codec as fuzz
 import pytest
 
 from tp_store.protocol import Get, Ping, Set, Validate
 
-SCRIPT = Path(__file__).resolve().parent / "fuzz_codec.py"
+SCRIPT = Path(fuzz.__file__)
 
 
-def _load_harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_codec", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_harness()
 #: Examples per property in CI: a few seconds in all.
 CI_EXAMPLES = 300
 

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parent / "fuzz_store_server.py"
+import fuzz_store_server as fuzz
 
-
-def _load_harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_store_server", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_harness()
+SCRIPT = Path(fuzz.__file__)
 
 
 def test_fuzz_smoke() -> None:

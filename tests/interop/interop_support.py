@@ -86,13 +86,16 @@ class OurServer:
             pytest.fail("our server ignored SIGTERM for 10 s")
 
 
-def start_our_server(host: str = "127.0.0.1") -> OurServer:
-    """Start our standalone server on an ephemeral port and wait for its banner."""
+def start_our_server(host: str = "127.0.0.1", env: dict[str, str] | None = None) -> OurServer:
+    """Start our standalone server on an ephemeral port and wait for its banner.
+
+    ``env`` is the server's environment (default :func:`child_env`).
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "tp_store", "--host", host, "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
-        env=child_env(),
+        env=child_env() if env is None else env,
     )
     assert proc.stdout is not None
     line = read_line(proc.stdout, ANSWER_TIMEOUT, "our server banner").strip()

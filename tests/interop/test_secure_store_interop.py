@@ -13,19 +13,15 @@ exactly what PyTorch's does.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 from interop_support import (
-    ANSWER_TIMEOUT,
-    LISTENING,
     OurServer,
     RemoteError,
     WorkerPool,
     child_env,
-    read_line,
+    start_our_server,
 )
 
 from tp_store import TCPStore
@@ -43,20 +39,7 @@ def secret_server() -> Iterator[OurServer]:
     env = child_env()
     env.pop(SECRET_FILE_ENV, None)
     env[SECRET_ENV] = SECRET
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tp_store", "--host", "127.0.0.1", "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert proc.stdout is not None
-    line = read_line(proc.stdout, ANSWER_TIMEOUT, "our server banner").strip()
-    match = LISTENING.match(line)
-    if match is None:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"our server printed {line!r}")
-    server = OurServer(proc, match["v4"] or match["v6"], int(match["port"]))
+    server = start_our_server(env=env)
     try:
         yield server
         server.assert_alive()

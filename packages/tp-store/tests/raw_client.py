@@ -1,21 +1,45 @@
-"""A raw-socket client for the store's wire protocol, and a polling wait, for the server tests.
+"""For the server tests: a raw-socket client, a polling wait, and a server thread per event loop.
 
 A plain module, not a plugin: ``conftest.py`` puts this directory on ``sys.path``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
+import tp_store.server as server_module
 from tp_store.protocol import Incomplete, Ping, ReplyKind, ReplyParser, Validate
+from tp_store.server import ServerThread, StoreServer
+
+#: The event loops a server test runs on (uvloop when installed).
+EVENT_LOOPS = ("asyncio", "uvloop")
 
 #: How long any single step may take before the test fails (generous for loaded CI).
 TIMEOUT = 10.0
+
+
+@contextmanager
+def server_thread(event_loop: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServerThread]:
+    """A fresh server on 127.0.0.1 in a thread, on ``event_loop`` (skipped without uvloop)."""
+    if event_loop == "uvloop":
+        if importlib.util.find_spec("uvloop") is None:
+            pytest.skip("uvloop is not installed")
+    else:
+        monkeypatch.setattr(server_module, "new_event_loop", asyncio.new_event_loop)
+    thread = ServerThread(StoreServer("127.0.0.1", 0))
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:

@@ -11,7 +11,6 @@ is parked, a connection is gone), and a close is asserted with a read timeout.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import logging
@@ -27,10 +26,9 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from raw_client import Raw, wait_until
+from raw_client import EVENT_LOOPS, Raw, server_thread, wait_until
 
 import tp_store
-import tp_store.server as server_module
 from tp_store.protocol import (
     EXTENSION_ACCEPT,
     EXTENSION_OFFER,
@@ -117,28 +115,11 @@ def check_healthy(server: Server, *clients: Raw) -> None:
         fresh.close()
 
 
-def _have_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
+@pytest.fixture(params=EVENT_LOOPS)
 def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """A fresh server on 127.0.0.1, on the event loop named by the parameter."""
-    if request.param == "uvloop":
-        if not _have_uvloop():
-            pytest.skip("uvloop is not installed")
-    else:
-        monkeypatch.setattr(server_module, "new_event_loop", asyncio.new_event_loop)
-    thread = ServerThread(StoreServer("127.0.0.1", 0))
-    thread.start()
-    try:
+    with server_thread(request.param, monkeypatch) as thread:
         yield Server(thread)
-    finally:
-        thread.stop()
 
 
 def closing_logged(caplog: pytest.LogCaptureFixture) -> bool:

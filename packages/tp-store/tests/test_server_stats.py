@@ -9,14 +9,13 @@ poll the server's counters until a condition holds.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 from collections.abc import Iterator
 
 import pytest
-from raw_client import Raw, wait_until
+from raw_client import EVENT_LOOPS, Raw, server_thread, wait_until
 
 import tp_store.server as server_module
 from tp_store import (
@@ -53,30 +52,13 @@ TIMEOUT = 10.0
 HANDSHAKE = Validate().encode() + Ping(EXTENSION_OFFER).encode()
 
 
-def _have_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
+@pytest.fixture(params=EVENT_LOOPS)
 def server(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[StoreServer]:
     """A fresh server on 127.0.0.1 in a thread, on the event loop named by the parameter."""
-    if request.param == "uvloop":
-        if not _have_uvloop():
-            pytest.skip("uvloop is not installed")
-    else:
-        monkeypatch.setattr(server_module, "new_event_loop", asyncio.new_event_loop)
-    thread = ServerThread(StoreServer("127.0.0.1", 0))
-    thread.start()
-    try:
+    with server_thread(request.param, monkeypatch) as thread:
         yield thread.server
-    finally:
-        thread.stop()
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from tp_store import QueueEmptyError, Store
 from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes
-from tp_store.semantics import counter_after_add, key_text, timeout_error
+from tp_store.semantics import check_multi_set, counter_after_add, key_text, timeout_error
 
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
@@ -269,11 +269,7 @@ class EtcdStore(Store):
 
     def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
         """Set every key to its value, ``MAX_TXN_OPS`` keys per transaction."""
-        if len(keys) != len(values):
-            raise ValueError(
-                f"multi_set needs as many values as keys, got {len(keys)} keys "
-                f"and {len(values)} values"
-            )
+        check_multi_set(keys, values)
         puts = [
             _put(self._layout.value(as_bytes(key, "key")), as_bytes(value))
             for key, value in zip(keys, values, strict=True)

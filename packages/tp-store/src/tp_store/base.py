@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import StoreError
+from .semantics import check_multi_set
 
 if TYPE_CHECKING:
     from .protocol import ServerStats
@@ -167,11 +168,7 @@ class Store(abc.ABC):
 
     def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
         """Set every key to its value, in order."""
-        if len(keys) != len(values):
-            raise ValueError(
-                f"multi_set needs as many values as keys, got {len(keys)} keys "
-                f"and {len(values)} values"
-            )
+        check_multi_set(keys, values)
         for key, value in zip(keys, values, strict=True):
             self.set(key, value)
 

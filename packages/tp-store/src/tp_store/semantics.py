@@ -20,6 +20,14 @@ INT64_MAX = 2**63 - 1
 _DECIMAL = re.compile(rb"[+-]?[0-9]+")
 
 
+def check_multi_set(keys: Sequence[object], values: Sequence[object]) -> None:
+    """Raise ``ValueError`` unless ``multi_set`` got as many values as keys."""
+    if len(keys) != len(values):
+        raise ValueError(
+            f"multi_set needs as many values as keys, got {len(keys)} keys and {len(values)} values"
+        )
+
+
 def key_text(key: bytes) -> str:
     """A key as ``str``; bytes that are not UTF-8 survive as surrogate escapes."""
     return key.decode("utf-8", "surrogateescape")

@@ -70,7 +70,7 @@ from .protocol import (
     decode_stats,
 )
 from .security import PathLike, TLSConfig, load_secret
-from .semantics import timeout_error
+from .semantics import check_multi_set, timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
 #: The counter PyTorch clients increment when they join a store with a world size.
@@ -621,11 +621,7 @@ class TCPStore(Store):
         return values
 
     def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
-        if len(keys) != len(values):
-            raise ValueError(
-                f"multi_set needs as many values as keys, got {len(keys)} keys "
-                f"and {len(values)} values"
-            )
+        check_multi_set(keys, values)
         items = tuple((_user_key(k), as_bytes(v)) for k, v in zip(keys, values, strict=True))
         self._send(MultiSet(items).encode())
 
