@@ -35,9 +35,15 @@ class RendezvousSettings:
     Args:
         *args: PyTorch's positional form ``(run_id, min_nodes, max_nodes,
             timeout, keep_alive_interval, keep_alive_max_attempt)``.
-        join, last_call, close, heartbeat: the phase budgets (``timedelta`` or
-            seconds), as in :class:`~tp_rdzv_api.RendezvousTimeout`; give these
-            or ``timeout``, not both.
+        join: how long to wait for the rendezvous to complete (``timedelta``
+            or seconds; 600 s by default). The four phase budgets are as in
+            :class:`~tp_rdzv_api.RendezvousTimeout`; give them or ``timeout``,
+            not both.
+        last_call: how long to wait for more nodes once ``min_nodes`` have
+            joined (30 s by default).
+        close: how long to wait for the rendezvous to close (30 s by default).
+        heartbeat: how long a node may go without a heartbeat before it is
+            considered dead (5 s by default).
         min_nodes: the least number of nodes a round needs (>= 1).
         max_nodes: the most nodes a round admits (>= ``min_nodes``).
         run_id: the identifier of the job.
