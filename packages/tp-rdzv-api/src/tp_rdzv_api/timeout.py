@@ -45,8 +45,9 @@ class RendezvousTimeout:
             joined (30 s).
         close: how long to wait for the rendezvous to close after
             ``set_closed()`` (30 s).
-        heartbeat: how long a node may go without a heartbeat before it is
-            considered dead (5 s).
+        heartbeat: the keep-alive heartbeat timeout (5 s), kept for PyTorch
+            compatibility. As in PyTorch, the dynamic backends find dead nodes
+            by ``keep_alive_interval`` x ``keep_alive_max_attempt`` instead.
 
     Each is a ``timedelta`` or a number of seconds; ``None`` takes the
     default. Zero, negative or non-finite values raise a ``ValueError``
@@ -89,7 +90,7 @@ class RendezvousTimeout:
 
     @property
     def heartbeat(self) -> timedelta:
-        """How long a node may go without a heartbeat before it is considered dead."""
+        """The keep-alive heartbeat timeout (liveness uses the keep-alive settings instead)."""
         return self._heartbeat
 
     def _key(self) -> tuple[timedelta, ...]:

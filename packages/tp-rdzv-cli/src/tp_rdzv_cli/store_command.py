@@ -17,7 +17,7 @@ EXAMPLES = """examples:
   tp-rdzv store --host 0.0.0.0 --port 29400    # for the whole cluster
   tp-rdzv store --port 0 --json                # a free port, endpoint as JSON
   tp-rdzv store --port 29400 --metrics-port 9400   # Prometheus at :9400/metrics
-  TP_STORE_SECRET_FILE=/etc/tp/secret tp-rdzv store --host 0.0.0.0 \
+  TP_STORE_SECRET_FILE=/etc/tp/secret tp-rdzv store --host 0.0.0.0 \\
       --tls-cert node.pem --tls-key node.key --tls-client-ca ca.pem   # TLS + secret
 
 It prints its endpoint once listening and serves until SIGINT or SIGTERM.

@@ -30,12 +30,29 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a store server: address, backlog, limits, TLS and the secret file."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind ('' for all)")
     parser.add_argument("--port", type=int, default=29400, help="port (0 picks a free one)")
-    parser.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG, help="listen backlog")
+    parser.add_argument(
+        "--backlog", type=int, default=DEFAULT_BACKLOG, help="listen backlog (default %(default)s)"
+    )
     defaults = Limits()
     limits = parser.add_argument_group("limits (a request over one closes its connection)")
-    limits.add_argument("--max-key-bytes", type=int, default=defaults.max_key_bytes)
-    limits.add_argument("--max-value-bytes", type=int, default=defaults.max_value_bytes)
-    limits.add_argument("--max-keys-per-request", type=int, default=defaults.max_keys_per_request)
+    limits.add_argument(
+        "--max-key-bytes",
+        type=int,
+        default=defaults.max_key_bytes,
+        help="bytes of one key at most (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-value-bytes",
+        type=int,
+        default=defaults.max_value_bytes,
+        help="bytes of one value at most, appends included (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-keys-per-request",
+        type=int,
+        default=defaults.max_keys_per_request,
+        help="keys one request may name at most (default %(default)s)",
+    )
     limits.add_argument(
         "--max-keys",
         type=int,
