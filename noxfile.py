@@ -2,10 +2,10 @@
 
 `nox` runs the default sessions (the README's test command), which include
 building the documentation site with warnings as errors and building every
-distribution; `nox -s bench` runs the benchmarks and writes their report; `nox -s fuzz` and `nox -s chaos` run the fuzzers and the
-chaos trials at length (the integration session runs them briefly). Sessions
-use the interpreter nox runs on; the GitHub matrix provides the other Python
-versions.
+distribution; `nox -s bench` runs the benchmarks and writes their report;
+`nox -s fuzz` and `nox -s chaos` run the fuzzers and the chaos trials at length
+(the integration session runs them briefly). Sessions use the interpreter nox
+runs on; the GitHub matrix provides the other Python versions.
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
 # A third-party backend as its author would ship it; it is not one of our packages.
 EXAMPLE_BACKEND = "examples/third_party_backend"
 
-nox.options.sessions = ["lint", "tests", "example_backend", "integration", "interop", "docs", "dist"]
+nox.options.sessions = [
+    "lint",
+    "tests",
+    "example_backend",
+    "integration",
+    "interop",
+    "docs",
+    "dist",
+]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -184,22 +192,63 @@ def interop(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks against PyTorch 2.13, written to benchmarks/results/."""
-    session.install(TORCH, "psutil", *_local(*PACKAGES, extras="[fast]"))
+    """Benchmarks against PyTorch 2.13 (JSON in benchmarks/results/), then their report.
+
+    The report is docs/benchmarks/index.md and its plots (benchmarks/report.py,
+    which regenerates them from the JSON alone too). Arguments go to both
+    benchmarks, so only the flags they share work here (--quick, --only, --timeout).
+    """
+    session.install(TORCH, "psutil", "matplotlib", *_local(*PACKAGES, extras="[fast]"))
     session.run("python", "benchmarks/store_bench.py", *session.posargs)
     session.run("python", "benchmarks/rdzv_bench.py", *session.posargs)
+    session.run("python", "benchmarks/report.py")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The documentation site (mkdocs --strict), then a check that every documented name has a reference entry."""
+    """The documentation site (mkdocs --strict), then a check of the reference.
+
+    Every documented name must have a reference entry.
+    """
     session.install("-r", "docs/requirements.txt")
+    # mkdocs-material prints a notice about MkDocs 2.0 on every build; we pin mkdocs<2.
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
     session.run("mkdocs", "build", "--strict", "--clean")
     session.run("python", "docs/check_reference.py", "site")
 
 
 @nox.session
 def dist(session: nox.Session) -> None:
-    """Every distribution built with hatch, as the release workflow builds them, and checked."""
-    session.install("hatch", "twine")
-    session.run("python", "-c", "print('TODO dist')")
+    """Every distribution built and checked by tools/release.py, as the release workflow does.
+
+    ``tools/release.py build dist`` checks the one release version, the pins
+    between our packages and the LICENSE copies, builds every sdist and wheel
+    into dist/ (emptied first), runs ``twine check --strict`` and checks what
+    each archive holds and that each sdist builds the same wheel. Then the
+    wheels install together (``tensorplay-rendezvous[etcd]``, our packages from
+    dist/ only) and ``tp-rdzv --help`` and ``tp-store --help`` run.
+    """
+    # twine 7 knows core metadata 2.5, which current hatchling writes.
+    session.install("hatch", "twine>=7")
+    session.run("python", "tools/release.py", "build", "dist")
+
+    # Our packages from dist/ only (a reused virtualenv may hold an older build), the rest from
+    # the index.
+    session.run("python", "-m", "pip", "uninstall", "--yes", *PACKAGES, silent=True)
+    requirements = session.run("python", "tools/release.py", "requirements", silent=True)
+    if isinstance(requirements, str) and requirements.strip():  # None under --install-only
+        session.install(*requirements.splitlines())
+    session.install("--no-index", "--find-links", "dist", "tensorplay-rendezvous[etcd]")
+    session.run("python", "-m", "pip", "check")
+    session.run("tp-rdzv", "--help", silent=True)
+    session.run("tp-store", "--help", silent=True)
+    session.run(
+        "python",
+        "-c",
+        "import tp_store\n"
+        "from tensorplay.distributed.elastic.rendezvous import registry\n"
+        "assert 'site-packages' in tp_store.__file__, tp_store.__file__\n"
+        "names = registry.rendezvous_handler_registry.names()\n"
+        "assert {'static', 'core', 'c10d', 'p10d', 'etcd'} <= set(names), names\n"
+        "print('installed from dist/; backends:', ', '.join(names))",
+    )

@@ -48,6 +48,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from hostinfo import host_info, load_average
+
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "store_bench.json"
@@ -602,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     impls = [args.only] if args.only else list(IMPLS)
 
     metrics = new_metrics(config)
+    host = host_info()
     started = time.monotonic()
     for impl in impls:
         print(f"running {impl} ...", flush=True)
@@ -612,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "host": host | {"load_average_at_end": load_average()},
         "versions": versions(impls),
         "quick": args.quick,
         "config": {k: v for k, v in asdict(config).items() if k != "skip"}

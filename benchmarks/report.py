@@ -1,0 +1,651 @@
+#!/usr/bin/env python3
+"""Write the benchmark report: the docs page and its plots, from the JSON results.
+
+Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
+``benchmarks/results/rdzv_bench.json`` (``rdzv_bench.py``) and writes
+``docs/benchmarks/index.md`` with two matplotlib plots beside it:
+
+- ``rendezvous-first-round.png``: the first round's time against the node
+  count, log-log, for ours on the embedded store, ours on etcd and torch's
+  c10d backend (a torch round that timed out is drawn at the timeout);
+- ``store-ops.png``: store operations per second, ours next to torch.
+
+Measuring and rendering are separate: ``nox -s bench`` runs both benchmarks
+and then this script, and ``python benchmarks/report.py`` alone regenerates
+the page from the JSON that is there (it needs matplotlib only). The output
+depends on the JSON alone, so the same results give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+STORE_JSON = HERE / "results" / "store_bench.json"
+RDZV_JSON = HERE / "results" / "rdzv_bench.json"
+OUT_DIR = REPO / "docs" / "benchmarks"
+PAGE = "index.md"
+RDZV_PNG = "rendezvous-first-round.png"
+STORE_PNG = "store-ops.png"
+
+# One colour per side, the same in both plots.
+OURS_COLOR = "#1f77b4"
+ETCD_COLOR = "#2ca02c"
+TORCH_COLOR = "#d62728"
+# Rows within this factor of each other are called even.
+EVEN = 1.05
+
+ROUND = re.compile(r"^first round, (\d+) nodes$")
+ETCD_ROUND = re.compile(r"^first round, (\d+) nodes, on etcd$")
+
+
+# -- the results -----------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One metric row of a benchmark's JSON."""
+
+    name: str
+    unit: str
+    better: str  # "higher" or "lower"
+    ours: float | None
+    torch: float | None
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        """ours / torch, when both were measured."""
+        if self.ours is None or self.torch is None or self.torch == 0:
+            return None
+        return self.ours / self.torch
+
+
+@dataclass
+class Run:
+    """One benchmark run as its JSON records it."""
+
+    path: Path
+    data: dict[str, Any]
+    rows: list[Row]
+
+    @property
+    def date(self) -> str:
+        """The run's date, as ``YYYY-MM-DD HH:MM UTC``."""
+        text = str(self.data.get("date", "unknown"))
+        match = re.match(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)", text)
+        return f"{match[1]} {match[2]} UTC" if match else text
+
+    def row(self, name: str) -> Row | None:
+        """The row called ``name``, if the run has one."""
+        return next((row for row in self.rows if row.name == name), None)
+
+
+def load_run(path: Path) -> Run | None:
+    """The run stored at ``path``; None when that benchmark has not been run."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    rows = [
+        Row(
+            name=item["name"],
+            unit=item["unit"],
+            better=item["better"],
+            ours=item.get("ours"),
+            torch=item.get("torch"),
+            notes=dict(item.get("notes") or {}),
+        )
+        for item in data.get("metrics", [])
+    ]
+    return Run(path, data, rows)
+
+
+# -- numbers as text ---------------------------------------------------------------------
+
+
+def number(value: float | None) -> str:
+    """A measurement for a table: three significant digits, thousands separated."""
+    if value is None:
+        return "—"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def short_number(value: float) -> str:
+    """A compact label for a bar or a point: 5.43k, 204k, 0.021."""
+    if value >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if value >= 1e3:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.2g}" if value < 0.1 else f"{value:.3g}"
+
+
+def verdict(row: Row) -> str:
+    """How ours compares with torch on ``row``, in words (says when torch has no value)."""
+    ratio = row.ratio
+    if ratio is None:
+        if row.ours is not None and row.torch is None:
+            return torch_missing(row)
+        return "—"
+    factor = ratio if row.better == "higher" else 1 / ratio
+    if 1 / EVEN < factor < EVEN:
+        return "about even (within 5%)"
+    words = ("less", "more") if row.unit == "MiB" else ("faster", "slower")
+    if factor >= 1:
+        return f"ours {factor:.3g}x {words[0]}"
+    return f"**ours {1 / factor:.3g}x {words[1]}**"
+
+
+def torch_missing(row: Row) -> str:
+    """Why torch has no value on ``row``, briefly."""
+    note = row.notes.get("torch", "")
+    if note.startswith(("TimeoutError", "timeout")):
+        return "torch timed out"
+    if note.startswith("skipped"):
+        return "ours only (torch not run)"
+    if note.startswith("no counterpart"):
+        return "no torch counterpart"
+    if note:
+        return "torch failed"
+    return "—"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> str:
+    """A Markdown table; ``align`` has an ``l`` or ``r`` per column."""
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = [header, rule, *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def escape(text: str) -> str:
+    """``text`` safe inside a Markdown table cell or list item."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# -- the plots -----------------------------------------------------------------------------
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, with the report's style."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "figure.dpi": 100,
+            "savefig.dpi": 150,
+            "font.size": 10,
+            "axes.titlesize": 12,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "svg.hashsalt": "tp-bench",
+        }
+    )
+    return plt
+
+
+def save(fig: Any, path: Path) -> None:
+    """Save ``fig`` as PNG without the matplotlib version, so equal input gives equal bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", metadata={"Software": None}, bbox_inches="tight")
+
+
+def machine_caption(run: Run) -> str:
+    """One line naming the machine and date of ``run``, for the foot of a plot."""
+    host = run.data.get("host", {})
+    versions = run.data.get("versions", {})
+    parts = [f"{host.get('cpus', '?')} CPUs"]
+    if host.get("cpu_model"):
+        parts[0] += f" ({host['cpu_model']})"
+    if host.get("memory_gib"):
+        parts.append(f"{host['memory_gib']:g} GiB")
+    if versions.get("python"):
+        parts.append(f"Python {versions['python']}")
+    if versions.get("torch"):
+        parts.append(f"torch {versions['torch']}")
+    if versions.get("etcd") and versions["etcd"] != "not run":
+        parts.append(f"etcd {versions['etcd']}")
+    return f"{run.date}; " + ", ".join(parts)
+
+
+def series(run: Run, pattern: re.Pattern[str], side: str) -> list[tuple[int, float]]:
+    """(node count, seconds) of ``side`` on the rows matching ``pattern``."""
+    points = []
+    for row in run.rows:
+        match = pattern.match(row.name)
+        value = getattr(row, side)
+        if match and value is not None:
+            points.append((int(match[1]), float(value)))
+    return sorted(points)
+
+
+def timed_out(run: Run, side: str) -> list[int]:
+    """The node counts whose first round of ``side`` timed out."""
+    sizes = []
+    for row in run.rows:
+        match = ROUND.match(row.name)
+        note = row.notes.get(side, "")
+        if match and getattr(row, side) is None and note.startswith("TimeoutError"):
+            sizes.append(int(match[1]))
+    return sorted(sizes)
+
+
+def plot_rendezvous(run: Run, path: Path) -> str:
+    """The first-round plot of ``run`` at ``path``; returns its alt text."""
+    plt = pyplot()
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ours = series(run, ROUND, "ours")
+    etcd = series(run, ETCD_ROUND, "ours")
+    torch = series(run, ROUND, "torch")
+    torch_timeouts = timed_out(run, "torch")
+    ours_timeouts = timed_out(run, "ours")
+    timeout = float(run.data.get("config", {}).get("timeout", 0) or 0)
+
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    lines = [
+        (ours, "ours (tp-rdzv-dynamic, embedded TCPStore)", OURS_COLOR, "o", "-"),
+        (etcd, "ours on etcd (one member, data on disk)", ETCD_COLOR, "s", "--"),
+        (torch, "PyTorch 2.13 (c10d backend, TCPStore)", TORCH_COLOR, "^", "-"),
+    ]
+    for points, label, color, marker, style in lines:
+        if not points:
+            continue
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker=marker, linestyle=style, color=color, label=label, linewidth=1.8)
+        x, y = points[-1]
+        ax.annotate(
+            f"{short_number(y)} s",
+            (x, y),
+            textcoords="offset points",
+            xytext=(6, -3),
+            fontsize=8,
+            color=color,
+        )
+    for points, sizes, color, who in (
+        (torch, torch_timeouts, TORCH_COLOR, "PyTorch"),
+        (ours, ours_timeouts, OURS_COLOR, "ours"),
+    ):
+        if not sizes or not timeout:
+            continue
+        before = [point for point in points if point[0] < sizes[0]]
+        if before:  # dotted: the round took at least the timeout from here on
+            x, y = before[-1]
+            ax.plot([x, sizes[0]], [y, timeout], linestyle=":", color=color, linewidth=1.5)
+        ax.scatter(
+            sizes,
+            [timeout] * len(sizes),
+            marker="x",
+            s=80,
+            linewidths=2.2,
+            color=color,
+            zorder=5,
+            label=f"{who}: timed out (no result within {timeout:g} s)",
+        )
+        for size in sizes:
+            ax.annotate(
+                f"timed out\n(> {timeout:g} s)",
+                (size, timeout),
+                textcoords="offset points",
+                xytext=(9, -4),
+                ha="left",
+                va="center",
+                fontsize=8,
+                color=color,
+            )
+
+    sizes = sorted({x for points in (ours, etcd, torch) for x, _ in points} | set(torch_timeouts))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if sizes:
+        ax.xaxis.set_major_locator(FixedLocator(sizes))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.set_xlim(sizes[0] / 1.3, sizes[-1] * 1.5)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.set_xlabel("nodes in the round (min_nodes = max_nodes = N), log scale")
+    ax.set_ylabel("seconds until every node has its rank, log scale")
+    values = [y for points in (ours, etcd, torch) for _, y in points]
+    if torch_timeouts or ours_timeouts:
+        values.append(timeout)
+    if values:
+        low = 10 ** math.floor(math.log10(min(values)))
+        high = 10 ** math.ceil(math.log10(max(values) * 1.3))
+        ax.set_ylim(low, high)
+    fig.suptitle("Rendezvous: first round of N nodes (lower is better)", fontsize=12)
+    ax.set_title(machine_caption(run), fontsize=8, color="#555555")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=9)
+    ax.grid(True, which="both", alpha=0.25)
+    save(fig, path)
+    plt.close(fig)
+    return alt_rendezvous(ours, etcd, torch, torch_timeouts, timeout)
+
+
+def alt_rendezvous(
+    ours: Sequence[tuple[int, float]],
+    etcd: Sequence[tuple[int, float]],
+    torch: Sequence[tuple[int, float]],
+    torch_timeouts: Sequence[int],
+    timeout: float,
+) -> str:
+    """The alt text of the first-round plot: what it shows, with the end points."""
+
+    def span(points: Sequence[tuple[int, float]]) -> str:
+        (x0, y0), (x1, y1) = points[0], points[-1]
+        return f"{short_number(y0)} s at {x0} nodes to {short_number(y1)} s at {x1} nodes"
+
+    parts = ["Log-log plot of the first rendezvous round's time against the node count"]
+    if ours:
+        parts.append(f"ours on the embedded store: {span(ours)}")
+    if etcd:
+        parts.append(f"ours on etcd: {span(etcd)}")
+    if torch:
+        parts.append(f"PyTorch: {span(torch)}")
+    if torch_timeouts:
+        shown = ", ".join(map(str, torch_timeouts))
+        parts.append(f"PyTorch timed out after {timeout:g} s at {shown} nodes")
+    return "; ".join(parts)
+
+
+def plot_store(run: Run, path: Path) -> str:
+    """The store operations plot of ``run`` at ``path``; returns its alt text."""
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    rows = [row for row in run.rows if row.unit == "ops/s"]
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    width = 0.38
+    positions = range(len(rows))
+    for offset, side, label, color in (
+        (-width / 2, "ours", "ours (tp_store TCPStore, its own server)", OURS_COLOR),
+        (width / 2, "torch", "PyTorch 2.13 TCPStore (libuv server)", TORCH_COLOR),
+    ):
+        xs = [i + offset for i, row in zip(positions, rows, strict=True) if getattr(row, side)]
+        ys = [getattr(row, side) for row in rows if getattr(row, side)]
+        bars = ax.bar(xs, ys, width=width, color=color, label=label)
+        ax.bar_label(bars, labels=[short_number(y) for y in ys], fontsize=8, padding=2)
+    values = [v for row in rows for v in (row.ours, row.torch) if v]
+    if values and max(values) / min(values) > 20:
+        ax.set_yscale("log")
+        ax.set_ylim(min(values) / 2, max(values) * 3)
+        scale = "log scale"
+    else:
+        ax.set_ylim(0, max(values, default=1) * 1.15)
+        scale = "linear scale"
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: short_number(y) if y else "0"))
+    ax.set_xticks(list(positions))
+    ax.set_xticklabels([tick_label(row.name) for row in rows], fontsize=9)
+    ax.set_ylabel(f"operations per second, {scale}")
+    fig.suptitle("Store: operations per second (higher is better)", fontsize=12)
+    ax.set_title(machine_caption(run), fontsize=8, color="#555555")
+    ax.legend(loc="upper left", fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.25)
+    ax.grid(False, axis="x")
+    caption = "set sends without waiting for a reply (torch's SET has none), hence its rate."
+    fig.text(0.01, -0.01, caption, fontsize=8, color="#555555", ha="left", va="top")
+    save(fig, path)
+    plt.close(fig)
+    pairs = [
+        f"{row.name}: ours {number(row.ours)}, PyTorch {number(row.torch)}"
+        for row in rows
+        if row.ours or row.torch
+    ]
+    return "Grouped bars of store operations per second, ours and PyTorch: " + "; ".join(pairs)
+
+
+def tick_label(name: str) -> str:
+    """A metric name on two lines: the operation, then how many clients."""
+    return name.replace(" (", "\n(")
+
+
+# -- the page ----------------------------------------------------------------------------
+
+
+def machine_table(runs: Sequence[tuple[str, Run]]) -> str:
+    """The machine, versions and date of every run, a column each."""
+
+    def host(key: str, show: Callable[[Any], str] = str) -> Callable[[Run], str]:
+        def cell(run: Run) -> str:
+            value = run.data.get("host", {}).get(key)
+            return "not recorded" if value is None else show(value)
+
+        return cell
+
+    def versions(run: Run) -> str:
+        found = run.data.get("versions", {})
+        return ", ".join(f"{name} {version}" for name, version in found.items())
+
+    def load(value: Sequence[float]) -> str:
+        return " / ".join(f"{v:g}" for v in value)
+
+    lines: list[tuple[str, Callable[[Run], str]]] = [
+        ("date (UTC)", lambda run: run.date),
+        ("run took", lambda run: f"{run.data.get('seconds', 0) / 60:.1f} min"),
+        ("quick mode (smoke test)", lambda run: "yes" if run.data.get("quick") else "no"),
+        ("CPUs", host("cpus")),
+        ("CPU model", host("cpu_model")),
+        ("memory", host("memory_gib", lambda v: f"{v:g} GiB")),
+        ("kernel", host("kernel")),
+        ("platform", host("platform")),
+        ("load average at start (1/5/15 min)", host("load_average_at_start", load)),
+        ("load average at end (1/5/15 min)", host("load_average_at_end", load)),
+        ("versions", versions),
+    ]
+    header = ["", *(title for title, _ in runs)]
+    body = [[label, *(escape(show(run)) for _, run in runs)] for label, show in lines]
+    return markdown_table(header, body, align="l" * len(header))
+
+
+def results_table(run: Run) -> str:
+    """The metric rows of ``run`` with ours/torch ratios and a verdict each."""
+    header = ["metric", "unit", "ours", "PyTorch", "ours / PyTorch", "in words"]
+    body = [
+        [
+            escape(row.name),
+            row.unit,
+            number(row.ours),
+            number(row.torch),
+            "—" if row.ratio is None else f"{row.ratio:.3g}",
+            verdict(row),
+        ]
+        for row in run.rows
+    ]
+    return markdown_table(header, body, align="llrrrl")
+
+
+def notes_block(run: Run) -> str:
+    """The per-row notes of ``run`` (timings' breakdowns, skips, failures), collapsed."""
+    items = [
+        f"    - {escape(row.name)}, {side}: {escape(note)}"
+        for row in run.rows
+        for side, note in row.notes.items()
+    ]
+    if not items:
+        return ""
+    return '??? note "Notes recorded with each row"\n\n' + "\n".join(items) + "\n"
+
+
+def config_line(run: Run) -> str:
+    """The run's configuration as one line of ``key: value``."""
+    config = run.data.get("config", {})
+    return "; ".join(f"{key}: {json.dumps(value)}" for key, value in config.items())
+
+
+def slower_rows(runs: Iterable[Run]) -> list[Row]:
+    """Rows where ours is measurably worse than torch."""
+    found = []
+    for run in runs:
+        for row in run.rows:
+            ratio = row.ratio
+            if ratio is None:
+                continue
+            factor = ratio if row.better == "higher" else 1 / ratio
+            if factor <= 1 / EVEN:
+                found.append(row)
+    return found
+
+
+def page(store: Run | None, rdzv: Run | None, alts: dict[str, str]) -> str:
+    """The Markdown of docs/benchmarks/index.md."""
+    out: list[str] = []
+    add = out.append
+    add(
+        "<!-- Generated by benchmarks/report.py (run by `nox -s bench`): edit that script, "
+        "not this file. -->\n"
+    )
+    add("# Benchmarks\n")
+    add(
+        "tensorplay-rendezvous against PyTorch 2.13, measured side by side in one run on one "
+        "machine: the store (`tp_store.TCPStore` against `torch.distributed.TCPStore`) and the "
+        "dynamic rendezvous (`tp_rdzv_dynamic` against torch's "
+        "`dynamic_rendezvous` with the c10d backend).\n"
+    )
+    add(
+        '!!! info "Generated page"\n'
+        "    `nox -s bench` runs both benchmarks, writes their results as JSON to\n"
+        "    `benchmarks/results/` and then writes this page and its plots with\n"
+        "    `benchmarks/report.py`. `python benchmarks/report.py` alone regenerates the page\n"
+        "    from the JSON that is there. Every number below comes from the runs named in\n"
+        "    [The machine](#the-machine).\n"
+    )
+    runs = [(title, run) for title, run in (("store run", store), ("rendezvous run", rdzv)) if run]
+    bad = slower_rows(run for _, run in runs)
+    if bad:
+        names = ", ".join(f"`{row.name}` ({verdict(row).strip('*')})" for row in bad)
+        add(
+            '!!! warning "Where ours is slower"\n'
+            f"    In these runs ours is measurably worse than PyTorch on: {escape(names)}.\n"
+            "    They are marked in bold in the tables. Each is a single measurement on a\n"
+            "    small, possibly shared machine: see [how to read](#how-to-read-these-numbers).\n"
+        )
+
+    add("## Rendezvous: the first round against the node count\n")
+    if rdzv is None:
+        add("Not run yet: `python benchmarks/rdzv_bench.py` writes its results.\n")
+    else:
+        add(f"![{escape(alts[RDZV_PNG])}]({RDZV_PNG})\n")
+        add(
+            "N nodes (threads of the bench process, each with its own handler and store "
+            "connection) are released at once with `min_nodes = max_nodes = N`; the time is "
+            "from the release until the last `next_rendezvous()` returns, and every round is "
+            "checked (ranks 0..N-1 once each, world size N). The etcd rows run ours on "
+            "`tp_rdzv_etcd.EtcdStore` against a one-member etcd the bench starts; PyTorch has "
+            "no counterpart there (its etcd backends need etcd's v2 API). The kill row: 8 node "
+            "processes, two killed with SIGKILL after the first round, time until the 6 "
+            "survivors have their new ranks.\n"
+        )
+        add(results_table(rdzv) + "\n")
+        add(f"Configuration: {escape(config_line(rdzv))}.\n")
+        add(notes_block(rdzv))
+
+    add("## Store: operations per second, storms and memory\n")
+    if store is None:
+        add("Not run yet: `python benchmarks/store_bench.py` writes its results.\n")
+    else:
+        add(f"![{escape(alts[STORE_PNG])}]({STORE_PNG})\n")
+        add(
+            "Both clients talk to a server running alone in another process (ours: "
+            "`python -m tp_store`, on uvloop when installed; PyTorch: a libuv master). "
+            "Single-client rates are the best of several one-second rounds with the operations "
+            "interleaved; `add (N processes)` is the aggregate rate of N client processes on "
+            "one counter; a storm is N clients connecting, adding and waiting for the last; "
+            "RSS is the server's with 1000 idle connections.\n"
+        )
+        add(results_table(store) + "\n")
+        add(f"Configuration: {escape(config_line(store))}.\n")
+        add(notes_block(store))
+
+    add("## The machine\n")
+    if runs:
+        add(machine_table(runs) + "\n")
+    else:
+        add("No results yet: run `nox -s bench`.\n")
+
+    add("## How to read these numbers\n")
+    add(
+        "- **Ratios** are ours / PyTorch as measured; whether that is good depends on the row: "
+        "for times (s) and memory (MiB) below 1 is better, for rates (ops/s) above 1 is. "
+        '"In words" says it plainly; rows where ours is worse are in bold.\n'
+        "- **One run, one small machine.** Each row is a single measurement on the host named "
+        "above, often a shared 2-vCPU machine with other work on it (see the load averages): "
+        "absolute numbers are noisy, and from run to run a single-client store rate can move "
+        "by a factor of two or more. The rendezvous bench measures ours and PyTorch seconds "
+        "apart for each size; the store bench runs all of ours' scenarios and then all of "
+        "PyTorch's, a few minutes apart, so background load can favour either side there.\n"
+        "- **PyTorch's first round** includes its deliberate random delay of up to 0.3 s before "
+        "a node's first join, and its cost grows faster than linearly with the node count (every "
+        "node polls and compare-and-sets one shared state, and names each event with "
+        "`inspect.stack()`); that is why the larger sizes are ours only, and why a PyTorch "
+        "round above 64 nodes can take from seconds to minutes on this kind of host.\n"
+        "- **Threads share one GIL.** All nodes of a first round are threads of one process; "
+        "PyTorch's store server runs in C++ threads, ours in a Python thread that competes with "
+        "the node threads.\n"
+        "- **etcd rows** measure a one-member etcd with its data on disk, where every store "
+        "operation is an HTTP request and a raft commit: compare them with ours on the embedded "
+        "store, not with PyTorch.\n"
+        "- **The kill scenario** uses a keep-alive interval of 1 s with 2 missed beats allowed "
+        "and a last-call window of 0.5 s for ours; PyTorch reads its timeouts in whole seconds, "
+        "so it runs with a 1 s last call.\n"
+        "- **Store `set`** does not wait for a reply (PyTorch's SET has none), so its rate is "
+        "the cost of the call; `set+get` is a confirmed write.\n"
+        "- **PyTorch's connection storms** are slow in a container without DNS: its server does "
+        "a reverse DNS lookup on its accept path.\n"
+    )
+    add(
+        "The benchmark scripts and their flags are described in `benchmarks/README.md` in the "
+        "repository, which also keeps the results of earlier runs (with other sizes, such as "
+        "4000-node rounds).\n"
+    )
+    return "\n".join(out)
+
+
+def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]:
+    """Write the page and the plots of the runs stored at the two paths; return what was written."""
+    store = load_run(store_path)
+    rdzv = load_run(rdzv_path)
+    written = []
+    alts: dict[str, str] = {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if rdzv is not None:
+        alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
+        written.append(out_dir / RDZV_PNG)
+    if store is not None:
+        alts[STORE_PNG] = plot_store(store, out_dir / STORE_PNG)
+        written.append(out_dir / STORE_PNG)
+    (out_dir / PAGE).write_text(page(store, rdzv, alts))
+    written.append(out_dir / PAGE)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, default=STORE_JSON, help="store_bench.py's JSON")
+    parser.add_argument("--rdzv", type=Path, default=RDZV_JSON, help="rdzv_bench.py's JSON")
+    parser.add_argument(
+        "--out-dir", type=Path, default=OUT_DIR, help="where the page and its plots go"
+    )
+    args = parser.parse_args(argv)
+    try:
+        written = write_report(args.store, args.rdzv, args.out_dir)
+    except ImportError as exc:
+        print(f"report.py needs matplotlib ({exc}); nox -s bench installs it", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
