@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from datetime import timedelta
@@ -25,6 +26,7 @@ from interop_support import (
 )
 
 from tp_store import TCPStore
+from tp_store.server import ServerThread, StoreServer
 
 pytestmark = pytest.mark.interop
 
@@ -413,6 +415,34 @@ def test_torch_clients_with_world_size_join_our_standalone_server(
     ]
     assert clients[0].num_keys() == 1
     assert clients[0].list_keys() == []
+
+
+# -- the connection limit --------------------------------------------------------------
+
+
+def test_a_torch_client_refused_at_the_limit_retries_until_a_slot_frees(
+    workers: WorkerPool,
+) -> None:
+    # Our server says CONNECTION_REFUSED before closing a connection over its
+    # max_connections; PyTorch takes it for a wrong PING answer and retries,
+    # as it does when the connection is just reset.
+    thread = ServerThread(StoreServer("127.0.0.1", 0, max_connections=1))
+    thread.start()
+    try:
+        holder = TCPStore("127.0.0.1", thread.server.port, timeout=STORE_TIMEOUT)
+        (worker,) = workers.get(1)
+        tc, constructed = worker.store_async(host_name="127.0.0.1", port=thread.server.port)
+        deadline = time.monotonic() + ANSWER_TIMEOUT
+        while thread.server.stats()["connections_refused"] == 0:
+            assert time.monotonic() < deadline, "the torch client was never refused"
+            time.sleep(0.01)
+        assert not constructed.done()
+        holder.close()
+        tc.port = result(constructed)
+        tc.set("in", "at last")
+        assert tc.get("in") == b"at last"
+    finally:
+        thread.stop()
 
 
 # -- IPv6 --------------------------------------------------------------------------

@@ -162,6 +162,12 @@ def test_store_arguments_of_the_parameters_form(recorded: list[dict[str, Any]]) 
             "is_master": is_master,
             "timeout": 600.0,  # the join timeout by default
             "wait_for_workers": False,
+            # No security keys: a plain store (or the secret in the environment).
+            "tls_cert": None,
+            "tls_key": None,
+            "tls_ca": None,
+            "tls_client_ca": None,
+            "secret_file": None,
         }
         for is_master in (True, False)
     ]

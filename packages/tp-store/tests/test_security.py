@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raw_client import Raw
+from raw_client import Raw, wait_until
 
 from tp_store import (
     StoreAuthenticationError,
@@ -253,8 +253,12 @@ def test_a_wrong_secret_is_refused(
 ) -> None:
     with pytest.raises(StoreAuthenticationError, match="the secrets differ"):
         TCPStore("127.0.0.1", secret_server.server.port, timeout=TIMEOUT, secret=b"wrong")
+    # The server answers the wrong proof before it counts and logs the failure.
+    wait_until(
+        lambda: any("authentication failed" in r.getMessage() for r in caplog.records),
+        "the failure is logged",
+    )
     assert secret_server.server.stats()["connections_auth_failures"] == 1
-    assert any("authentication failed" in r.getMessage() for r in caplog.records)
 
 
 def test_our_client_without_a_secret_is_told_one_is_needed(secret_server: ServerThread) -> None:
@@ -416,9 +420,28 @@ def test_a_plain_client_to_a_tls_server_fails_fast_and_clearly(
     tls_server: ServerThread,
 ) -> None:
     started = time.monotonic()
-    with pytest.raises(StoreConnectionError, match=r"does it require TLS \(tls_ca\)"):
+    # The client cannot tell a TLS server from one that closed at its
+    # connection limit without saying so: it names both.
+    with pytest.raises(
+        StoreConnectionError,
+        match=r"closed the connection during the handshake .*; is it at its connection limit "
+        r"\(max_connections\), or does it require TLS \(tls_ca\)\?",
+    ):
         TCPStore("127.0.0.1", tls_server.server.port, timeout=TIMEOUT)
     assert time.monotonic() - started < TIMEOUT / 2
+
+
+def test_a_tls_client_refused_at_the_connection_limit_is_told_so(pki: TestPKI) -> None:
+    thread = serve(ssl=server_ssl_context(pki.server_cert, pki.server_key), max_connections=1)
+    try:
+        holder = TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT, tls_ca=pki.ca)
+        with pytest.raises(
+            StoreConnectionError, match=r"refused the connection: .*max_connections"
+        ):
+            TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT, tls_ca=pki.ca)
+        holder.close()
+    finally:
+        thread.stop()
 
 
 def test_a_tls_client_to_a_plain_server_fails_clearly(

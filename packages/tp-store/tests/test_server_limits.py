@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from raw_client import Raw, wait_until
 
-from tp_store import Limits, StoreLimitError, TCPStore
+from tp_store import Limits, StoreConnectionError, StoreLimitError, TCPStore
 from tp_store.protocol import (
+    CONNECTION_REFUSED,
     Append,
     Get,
     ListKeys,
@@ -27,6 +28,7 @@ from tp_store.protocol import (
     Set,
     Validate,
     Wait,
+    encode_u32,
 )
 from tp_store.server import ServerThread, StoreServer
 from tp_store.state import StoreState
@@ -73,7 +75,11 @@ def test_connections_beyond_the_limit_are_closed_at_once(
     for client in clients:
         client.ping()
     extra = Raw(thread.server.port)
-    assert seconds_until_closed(extra) < TIMEOUT
+    started = time.monotonic()
+    # Said before closing, unasked: our client finds it where it awaits its
+    # handshake PING's answer (a PyTorch client sees a wrong answer and retries).
+    assert extra.assert_closed() == encode_u32(CONNECTION_REFUSED)
+    assert time.monotonic() - started < TIMEOUT
     stats = thread.server.stats()
     assert stats["connections_refused"] == 1
     assert stats["connections_open"] == 3
@@ -84,6 +90,26 @@ def test_connections_beyond_the_limit_are_closed_at_once(
     clients.pop().close()
     wait_until(lambda: thread.server.stats()["connections_open"] == 2, "the slot is free")
     Raw(thread.server.port).ping()
+
+
+def test_a_client_refused_at_the_connection_limit_is_told_so(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(max_connections=1)
+    holder = TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT)
+    started = time.monotonic()
+    with pytest.raises(StoreConnectionError) as caught:
+        TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT)
+    assert time.monotonic() - started < TIMEOUT / 2
+    message = str(caught.value)
+    assert f"the store at 127.0.0.1:{thread.server.port} refused the connection" in message
+    assert "connection limit (max_connections)" in message
+    assert "TLS" not in message
+    assert thread.server.stats()["connections_refused"] == 1
+    # Once a slot is free, connecting works again.
+    holder.close()
+    wait_until(lambda: thread.server.stats()["connections_open"] == 0, "the slot is free")
+    TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT).close()
 
 
 def test_bad_server_options_are_clear_errors() -> None:

@@ -19,15 +19,25 @@ Securing the TCP store (paths of PEM files; see ``tp_store.TCPStore``):
 The same keys work for every node: give them all ``tls_cert``, ``tls_key``
 and ``tls_ca``. A wrong or missing secret, or a failed TLS handshake, is a
 ``RendezvousConnectionError`` naming the store.
+
+Any other key is ignored with a warning naming it (see
+:func:`tp_rdzv_api.config_keys.warn_unknown_config_keys`), except ``timeout``,
+which PyTorch's launcher passes to every backend.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters
 from tp_rdzv_api.coercion import to_seconds
+from tp_rdzv_api.config_keys import (
+    STORE_SECURITY_KEYS,
+    store_security,
+    warn_unknown_config_keys,
+)
+from tp_rdzv_api.parameters import TIMEOUT_KEYS
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
 from tp_store import FileStore, Store, StoreError, TCPStore
 
@@ -42,7 +52,13 @@ DEFAULT_PORT = 29400
 _DEFAULT_READ_TIMEOUT = 60.0
 _STORE_TYPES = ("tcp", "file")
 #: Config keys naming files that secure the TCP store, as TCPStore's keyword arguments.
-SECURITY_KEYS = ("tls_cert", "tls_key", "tls_ca", "tls_client_ca", "secret_file")
+SECURITY_KEYS = STORE_SECURITY_KEYS
+#: The config keys :func:`settings_from` reads (every dynamic backend, ``etcd`` too).
+SETTINGS_KEYS = frozenset({*TIMEOUT_KEYS.values(), "keep_alive_interval", "keep_alive_max_attempt"})
+#: The config keys :func:`create_store` reads.
+STORE_KEYS = frozenset({"store_type", "read_timeout", "is_host", *SECURITY_KEYS})
+#: Every config key backends ``core``, ``c10d`` and ``p10d`` read; others get a warning.
+CONFIG_KEYS = SETTINGS_KEYS | STORE_KEYS
 
 
 def create_core_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
@@ -65,12 +81,17 @@ def build_handler(
     name: str,
     open_store: Callable[[RendezvousParameters], Store],
     backend_type: type[TpRendezvousBackend] | type[P10dRendezvousBackend] = TpRendezvousBackend,
+    *,
+    config_keys: Collection[str] = CONFIG_KEYS,
 ) -> DynamicRendezvousHandler:
     """The dynamic handler ``params`` describe, as backend ``name``, on ``open_store(params)``.
 
-    The settings are checked before the store opens; the store is closed again
-    if the handler cannot be built. Other backends (``etcd``) build on this.
+    ``config_keys`` are the config keys this backend reads (its settings' and
+    ``open_store``'s): any other key of ``params`` is named in a warning. The
+    settings are checked before the store opens; the store is closed again if
+    the handler cannot be built. Other backends (``etcd``) build on this.
     """
+    warn_unknown_config_keys(params, name, config_keys)
     settings = settings_from(params)
     store = open_store(params)
     try:
@@ -134,24 +155,6 @@ def create_store(params: RendezvousParameters) -> Store:
             )
         return FileStore(params.endpoint.strip(), timeout=read_timeout)
     return _tcp_store(params, read_timeout, security)
-
-
-def store_security(params: RendezvousParameters) -> dict[str, str]:
-    """The :data:`SECURITY_KEYS` that ``params`` set, as TCPStore keyword arguments.
-
-    Raises ``ValueError`` naming a key whose value is not a non-empty path.
-    """
-    found: dict[str, str] = {}
-    for key in SECURITY_KEYS:
-        value = params.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(
-                f"rendezvous config option {key!r} must be the path of a file, got {value!r}"
-            )
-        found[key] = value.strip()
-    return found
 
 
 def _tcp_store(

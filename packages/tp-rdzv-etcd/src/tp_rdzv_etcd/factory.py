@@ -10,7 +10,16 @@ backends' (``read_timeout``, ``join_timeout``, ``last_call_timeout``,
   gets ``<etcd_prefix>/<run_id>/``;
 - ``protocol``: ``http`` (default) or ``https``, for endpoints without a scheme;
 - ``cacert``, ``cert``, ``key``: PEM files for TLS (CA bundle, client
-  certificate and its key).
+  certificate and its key);
+- ``is_host``: false, or absent: no node hosts the store, the etcd cluster is
+  it (true is a ``ValueError``; the command line's observers pass false to
+  every dynamic backend).
+
+Any other key is ignored with a warning naming it, among them PyTorch's
+``etcd-v2`` spellings ``ssl_cert``, ``ssl_cert_key`` and ``ca_cert`` (say
+``cert``, ``key`` and ``cacert``), and the TCP store's ``tls_*`` keys;
+``timeout``, which PyTorch's launcher passes to every backend, is accepted
+silently and not used.
 
 User and password come from the environment only (``TP_RDZV_ETCD_USER`` and
 ``TP_RDZV_ETCD_PASSWORD``), never from a command line where ``ps`` shows them.
@@ -23,7 +32,7 @@ import os
 from tp_rdzv_api import RendezvousParameters
 from tp_rdzv_api.coercion import to_seconds
 from tp_rdzv_dynamic import DynamicRendezvousHandler
-from tp_rdzv_dynamic.factory import build_handler
+from tp_rdzv_dynamic.factory import SETTINGS_KEYS, build_handler
 
 from .endpoints import PROTOCOLS, parse_endpoints
 from .store import EtcdStore
@@ -33,6 +42,12 @@ PASSWORD_ENV = "TP_RDZV_ETCD_PASSWORD"
 DEFAULT_PREFIX = "/tp_rdzv"
 #: As the other dynamic backends: the most one store operation may take.
 DEFAULT_READ_TIMEOUT = 60.0
+#: The config keys naming the PEM files of TLS: CA bundle, client certificate, its key.
+TLS_FILE_KEYS = ("cacert", "cert", "key")
+#: The config keys :func:`create_store` reads.
+STORE_KEYS = frozenset({"protocol", "etcd_prefix", "read_timeout", "is_host", *TLS_FILE_KEYS})
+#: Every config key backend ``etcd`` reads; others get a warning.
+CONFIG_KEYS = SETTINGS_KEYS | STORE_KEYS
 
 
 def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
@@ -41,11 +56,16 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     Raises:
         ValueError: a malformed endpoint or config value (naming the key).
     """
-    return build_handler(params, "etcd", create_store)
+    return build_handler(params, "etcd", create_store, config_keys=CONFIG_KEYS)
 
 
 def create_store(params: RendezvousParameters) -> EtcdStore:
     """The :class:`EtcdStore` of the run ``params`` describe, under its own prefix."""
+    if params.get_as_bool("is_host"):
+        raise ValueError(
+            "rendezvous config option 'is_host' cannot be true for backend 'etcd': "
+            "no node hosts the store, the etcd cluster is the store"
+        )
     protocol = _text(params, "protocol", "http").lower()
     if protocol not in PROTOCOLS:
         raise ValueError(
@@ -58,7 +78,7 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
     prefix = _text(params, "etcd_prefix", DEFAULT_PREFIX).rstrip("/")
     if not prefix:
         raise ValueError("rendezvous config option 'etcd_prefix' must not be empty or '/'")
-    files = {name: _file(params, name) for name in ("cacert", "cert", "key")}
+    files = {name: _file(params, name) for name in TLS_FILE_KEYS}
     if (files["cert"] is None) != (files["key"] is None):
         raise ValueError("rendezvous config options 'cert' and 'key' go together")
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)

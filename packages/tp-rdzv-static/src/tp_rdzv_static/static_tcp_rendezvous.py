@@ -20,6 +20,13 @@ from tp_rdzv_api import (
     RendezvousTimeoutError,
 )
 from tp_rdzv_api.coercion import to_int, to_seconds
+from tp_rdzv_api.config_keys import (
+    STORE_SECURITY_KEYS,
+    store_security,
+    warn_unknown_config_keys,
+)
+from tp_rdzv_api.parameters import TIMEOUT_KEYS
+from tp_rdzv_api.timeout import RendezvousTimeout
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
 from tp_store import PrefixStore, StoreConnectionError, StoreTimeoutError, TCPStore
 from tp_store.server import format_endpoint
@@ -32,6 +39,10 @@ DEFAULT_PORT = 29400
 _DEFAULT_TIMEOUT = 600
 #: Where ``set_closed`` leaves its mark, outside the run's user namespace.
 _CLOSED_KEY = "tp_rdzv_static/closed/"
+#: The config keys giving the store's read timeout, the first one set wins.
+_READ_TIMEOUT_KEYS = ("read_timeout", "timeout", TIMEOUT_KEYS["join"])
+#: Every config key backend ``static`` reads; others get a warning.
+CONFIG_KEYS = frozenset({"rank", "start_daemon", *_READ_TIMEOUT_KEYS, *STORE_SECURITY_KEYS})
 
 
 class StaticTCPRendezvous(RendezvousHandler):
@@ -44,8 +55,16 @@ class StaticTCPRendezvous(RendezvousHandler):
       the rank is the config key ``rank`` when given, else ``params.node_rank``,
       the world size is ``params.max_nodes``, and the store's read timeout is
       the config key ``read_timeout`` (or ``timeout``, as torchrun passes it),
-      else the join timeout. The config key ``start_daemon=false`` stops rank 0
-      from hosting the store (it then connects to one started elsewhere).
+      else ``join_timeout`` (600 s by default). The config key
+      ``start_daemon=false`` stops rank 0 from hosting the store (it then
+      connects to one started elsewhere). The store is secured as the dynamic
+      backends' is (paths of PEM files): ``tls_cert`` and ``tls_key`` (rank 0
+      serves TLS with them; the others present them to a store that requires
+      client certificates), ``tls_ca`` (connect over TLS, checking the store's
+      certificate), ``tls_client_ca`` (rank 0 requires client certificates
+      signed by it) and ``secret_file`` (the shared secret; else
+      ``TP_STORE_SECRET`` or ``TP_STORE_SECRET_FILE``). Other config keys are
+      ignored with a warning naming them.
     - ``StaticTCPRendezvous(host, master_port, rank, world_size, run_id,
       timeout)``: the same, spelled out; ``timeout`` is in seconds.
 
@@ -82,6 +101,7 @@ class StaticTCPRendezvous(RendezvousHandler):
                     "StaticTCPRendezvous(params): master_port, rank, world_size, run_id and "
                     "timeout come from the RendezvousParameters; do not pass them as well"
                 )
+            warn_unknown_config_keys(params, "static", CONFIG_KEYS)
             endpoint = params.endpoint.strip()
             config_rank = params.get_as_int("rank")
             self._rank = params.node_rank if config_rank is None else config_rank
@@ -94,13 +114,14 @@ class StaticTCPRendezvous(RendezvousHandler):
             self._num_nodes = params.max_nodes
             self._run_id = params.run_id
             self._local_addr: str | None = params.local_addr or None
-            for key in ("read_timeout", "timeout"):
+            for key in _READ_TIMEOUT_KEYS:
                 if params.get(key) is not None:
                     read_timeout = to_seconds(key, params.get(key)).total_seconds()
                     break
             else:
-                read_timeout = params.timeout.join.total_seconds()
+                read_timeout = RendezvousTimeout().join.total_seconds()
             is_master = self._rank == 0 and bool(params.get_as_bool("start_daemon", True))
+            security = store_security(params)
         else:
             if not isinstance(params, str):
                 raise TypeError(
@@ -119,6 +140,7 @@ class StaticTCPRendezvous(RendezvousHandler):
             self._local_addr = None
             read_timeout = to_seconds("timeout", timeout).total_seconds()
             is_master = self._rank == 0
+            security = {}
         if self._num_nodes < 1:
             raise ValueError(f"the world size must be >= 1, got {self._num_nodes}")
         if not 0 <= self._rank < self._num_nodes:
@@ -142,6 +164,12 @@ class StaticTCPRendezvous(RendezvousHandler):
                 is_master=is_master,
                 timeout=read_timeout,
                 wait_for_workers=False,
+                tls_cert=security.get("tls_cert"),
+                tls_key=security.get("tls_key"),
+                tls_ca=security.get("tls_ca"),
+                # The hosting node's option alone.
+                tls_client_ca=security.get("tls_client_ca") if is_master else None,
+                secret_file=security.get("secret_file"),
             )
         except OSError as exc:
             action = "bind" if is_master else "connect to"

@@ -55,6 +55,12 @@ EXTENSION_ACCEPT: Final = 0x54505802
 #: the extensions are accepted, and nothing else will be until the client
 #: authenticates (so a client without a secret can say so at once).
 EXTENSION_ACCEPT_AUTH: Final = 0x54505803
+#: What our server sends, unasked, on a connection it refuses because
+#: ``max_connections`` are open, right before closing it. Our client reads it
+#: where it awaits the answer to its handshake PING, and can say why it was
+#: turned away; a PyTorch client reads it as a wrong PING answer and retries,
+#: as it does when a refused connection is just closed.
+CONNECTION_REFUSED: Final = 0x54505804
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")

@@ -39,6 +39,7 @@ from typing import TypeVar, cast
 from .__about__ import __version__
 from .errors import ProtocolError, StoreLimitError
 from .protocol import (
+    CONNECTION_REFUSED,
     EXTENSION_ACCEPT,
     EXTENSION_ACCEPT_AUTH,
     EXTENSION_OFFER,
@@ -108,6 +109,7 @@ _READY = encode_u8(CheckReply.READY)
 _NOT_READY = encode_u8(CheckReply.NOT_READY)
 _EXTENSIONS_ACCEPTED = encode_u32(EXTENSION_ACCEPT)
 _EXTENSIONS_ACCEPTED_AUTH = encode_u32(EXTENSION_ACCEPT_AUTH)
+_REFUSED = encode_u32(CONNECTION_REFUSED)
 
 _T = TypeVar("_T")
 
@@ -591,9 +593,16 @@ class StoreServer:
         self._schedule_sweep()
 
     def refuse(self, transport: asyncio.Transport) -> None:
-        """Close a connection accepted beyond ``max_connections``."""
+        """Close a connection accepted beyond ``max_connections``, saying so first.
+
+        The :data:`~tp_store.protocol.CONNECTION_REFUSED` marker goes out at
+        once, unasked and without reading anything: our client finds it where
+        it awaits its handshake PING's answer and reports the connection limit.
+        """
         self._counters.refused += 1
         self._refusals_unlogged += 1
+        self._counters.bytes_sent += len(_REFUSED)
+        transport.write(_REFUSED)
         transport.close()
         now = time.monotonic()
         if now - self._refusal_logged >= _REFUSAL_LOG_INTERVAL:

@@ -35,6 +35,7 @@ from .errors import (
     StoreTimeoutError,
 )
 from .protocol import (
+    CONNECTION_REFUSED,
     EXTENSION_ACCEPT,
     EXTENSION_ACCEPT_AUTH,
     EXTENSION_OFFER,
@@ -364,17 +365,30 @@ class TCPStore(Store):
             answer = self._receive(ReplyKind.U32)
         except (OSError, ProtocolError) as exc:
             self._disconnect()
-            hint = (
-                "; does it require a client certificate (tls_cert, tls_key)?"
+            # A server closes here when it is at its connection limit (ours
+            # says so first, see below, but its word can be lost: a store of
+            # another make, or the connection reset before it was read) or when
+            # it wants TLS (or a client certificate) that this client lacks.
+            tls = (
+                "does it require a client certificate (tls_cert, tls_key)?"
                 if self.uses_tls
-                else "; does it require TLS (tls_ca)?"
+                else "does it require TLS (tls_ca)?"
             )
             raise StoreConnectionError(
                 f"the store at {self.endpoint} closed the connection during the handshake "
-                f"({exc}){hint}",
+                f"({exc}); is it at its connection limit (max_connections), or {tls}",
                 self._host,
                 self._port,
             ) from exc
+        if answer == CONNECTION_REFUSED:
+            self._disconnect()
+            raise StoreConnectionError(
+                f"the store at {self.endpoint} refused the connection: it is at its "
+                "connection limit (max_connections); retry later, or raise the server's "
+                "max_connections",
+                self._host,
+                self._port,
+            )
         if answer in (EXTENSION_ACCEPT, EXTENSION_ACCEPT_AUTH):
             self._extended = True
         elif answer == EXTENSION_OFFER:
