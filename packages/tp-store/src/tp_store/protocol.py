@@ -891,10 +891,6 @@ class _ReplyCursor:
     def u8(self) -> int:
         return self.buf[self.take(1)]
 
-    def u32(self) -> int:
-        value: int = _U32.unpack_from(self.buf, self.take(4))[0]
-        return value
-
     def i64(self) -> int:
         value: int = _I64.unpack_from(self.buf, self.take(8))[0]
         return value
@@ -906,6 +902,10 @@ class _ReplyCursor:
 
     def blobs(self, count: int) -> list[bytes]:
         return [self.blob() for _ in range(count)]
+
+
+#: Replies of one fixed-size integer, by kind.
+_FIXED_SIZE_REPLIES: Final = {ReplyKind.I64: _I64, ReplyKind.U32: _U32}
 
 
 class ReplyParser:
@@ -942,8 +942,19 @@ class ReplyParser:
             if self._buf:
                 raise ProtocolError(f"{len(self._buf)} bytes arrived that no request asked for")
             return INCOMPLETE
+        buf = self._buf
         kind, count = self._expected[0]
-        cur = _ReplyCursor(self._buf)
+        # One-integer replies (ADD, DELETE_KEY, counts, PING) are the hot path
+        # of many clients: read them without a cursor.
+        fixed = _FIXED_SIZE_REPLIES.get(kind)
+        if fixed is not None:
+            if len(buf) < fixed.size:
+                return INCOMPLETE
+            value: int = fixed.unpack_from(buf)[0]
+            del buf[: fixed.size]
+            self._expected.popleft()
+            return value
+        cur = _ReplyCursor(buf)
         try:
             reply = self._parse(kind, count, cur)
         except _NeedMoreData:
@@ -954,8 +965,6 @@ class ReplyParser:
 
     @staticmethod
     def _parse(kind: ReplyKind, count: int, cur: _ReplyCursor) -> Reply:
-        if kind is ReplyKind.I64:
-            return cur.i64()
         if kind is ReplyKind.BYTES:
             return cur.blob()
         if kind is ReplyKind.U8:
@@ -970,8 +979,6 @@ class ReplyParser:
             if status == WaitReply.WAIT_CANCELED:
                 return (status, None)
             raise ProtocolError(f"WAIT_GET reply must start with 0 or 1, got {status}")
-        if kind is ReplyKind.U32:
-            return cur.u32()
         if kind is ReplyKind.VALUES:
             return cur.blobs(count)
         if kind is ReplyKind.KEY_LIST:
