@@ -7,8 +7,12 @@ talking to a torch libuv master that runs alone in another process. Every
 server runs in its own process, so client and server never share a GIL.
 
 Scenarios:
+Each scenario runs for ours and torch back to back, so both see the same
+background load; the single-client calls interleave the two implementations
+within every round.
+
 1. single-client calls per second (best of a few rounds of about a second
-   each, the operations interleaved): get, add, compare_set, set (torch's set
+   each, the operations and implementations interleaved): get, add, compare_set, set (torch's set
    does not wait for a reply, so this is what the call costs: sends that are
    only throttled once the socket buffer fills), and set+get (a set confirmed
    by a get of the same key);
@@ -27,6 +31,7 @@ Run ``python benchmarks/store_bench.py --help`` for the knobs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -206,28 +211,45 @@ def make_client(impl: str, host: str, port: int, timeout: float) -> StoreClient:
 # -- 1. single-client round trips -----------------------------------------------------
 
 
-def bench_round_trips(impl: str, server: Server, config: Config) -> dict[str, float]:
-    client = make_client(impl, server.host, server.port, config.timeout)
+def bench_round_trips(impls: Sequence[str], config: Config) -> dict[str, dict[str, float]]:
+    """Calls per second of one client per implementation, measured side by side."""
+    with contextlib.ExitStack() as stack:
+        calls: dict[str, dict[str, Callable[[], object]]] = {}
+        drains: dict[str, Callable[[], object]] = {}
+        for impl in impls:
+            server = stack.enter_context(start_server(impl, config.timeout))
+            calls[impl] = _round_trip_calls(
+                make_client(impl, server.host, server.port, config.timeout)
+            )
+            drains[impl] = calls[impl]["get"]
+        for impl_calls in calls.values():  # warm-up
+            for call in impl_calls.values():
+                calls_per_second(call, 0.1)
+        rates = {impl: dict.fromkeys(calls[impl], 0.0) for impl in impls}
+        # Best of several short rounds, the operations and the implementations
+        # interleaved: both see the same background load, and on a shared
+        # machine the best window is the closest to what the code can do.
+        for _ in range(config.rounds):
+            for name in rates[impls[0]]:
+                for impl in impls:
+                    drains[impl]()  # drain pipelined sets before timing
+                    rate = calls_per_second(calls[impl][name], config.round_seconds)
+                    rates[impl][name] = max(rates[impl][name], rate)
+        for drain in drains.values():
+            drain()
+    return rates
+
+
+def _round_trip_calls(client: StoreClient) -> dict[str, Callable[[], object]]:
     client.set("rt/get", "value")
     client.set("rt/cas", "value")
-    calls: dict[str, Callable[[], object]] = {
+    return {
         "get": lambda: client.get("rt/get"),
         "add": lambda: client.add("rt/add", 1),
         "compare_set": lambda: client.compare_set("rt/cas", "value", "value"),
         "set": lambda: client.set("rt/set", "value"),
         "set+get": lambda: (client.set("rt/sg", "value"), client.get("rt/sg")),
     }
-    for call in calls.values():  # warm-up
-        calls_per_second(call, 0.1)
-    rates = dict.fromkeys(calls, 0.0)
-    # Best of several short rounds, the operations interleaved: on a shared
-    # machine the best window is the closest to what the code can do.
-    for _ in range(config.rounds):
-        for name, call in calls.items():
-            client.get("rt/get")  # drain pipelined sets before timing
-            rates[name] = max(rates[name], calls_per_second(call, config.round_seconds))
-    client.get("rt/get")
-    return rates
 
 
 def calls_per_second(call: Callable[[], object], seconds: float) -> float:
@@ -451,10 +473,11 @@ def bench_idle_rss(impl: str, config: Config) -> tuple[float, float]:
 # -- driver ---------------------------------------------------------------------------
 
 
-def run_impl(impl: str, config: Config, metrics: dict[str, Metric]) -> None:
+def run_side_by_side(impls: Sequence[str], config: Config, metrics: dict[str, Metric]) -> None:
+    """Every scenario for every implementation, one scenario after the other."""
     clock = [time.monotonic()]
 
-    def record(name: str, value: float | None, note: str = "") -> None:
+    def record(impl: str, name: str, value: float | None, note: str = "") -> None:
         setattr(metrics[name], impl, value)
         if note:
             metrics[name].notes[impl] = note
@@ -463,27 +486,31 @@ def run_impl(impl: str, config: Config, metrics: dict[str, Metric]) -> None:
         clock[0] += took
         print(f"  {impl:5} {name}: {shown} {metrics[name].unit} {note}[{took:.1f} s]", flush=True)
 
-    with start_server(impl, config.timeout) as server:
-        for name, rate in bench_round_trips(impl, server, config).items():
-            record(f"{name} (1 client)", rate)
-    with start_server(impl, config.timeout) as server:
-        rate = bench_concurrent_add(impl, server, config)
-        record(f"add ({config.add_processes} processes)", rate)
+    for impl, rates in bench_round_trips(impls, config).items():
+        for name, rate in rates.items():
+            record(impl, f"{name} (1 client)", rate)
+    for impl in impls:
+        with start_server(impl, config.timeout) as server:
+            rate = bench_concurrent_add(impl, server, config)
+        record(impl, f"add ({config.add_processes} processes)", rate)
     for size in config.storm_sizes:
         name = f"storm {size} clients"
-        if f"{impl}:storm{size}" in config.skip:
-            record(name, None, "skipped (--quick)")
-            continue
-        elapsed = bench_storm(impl, config, size)
-        record(name, elapsed, "" if elapsed is not None else f"timeout ({config.timeout:g} s)")
-    try:
-        rss, delta = bench_idle_rss(impl, config)
-    except TimeoutError as exc:
-        record(f"RSS, {config.idle_connections} idle conns", None, str(exc))
-        record(f"RSS delta, {config.idle_connections} idle conns", None, str(exc))
-    else:
-        record(f"RSS, {config.idle_connections} idle conns", rss / 1024)
-        record(f"RSS delta, {config.idle_connections} idle conns", delta / 1024)
+        for impl in impls:
+            if f"{impl}:storm{size}" in config.skip:
+                record(impl, name, None, "skipped (--quick)")
+                continue
+            elapsed = bench_storm(impl, config, size)
+            timed_out = f"timeout ({config.timeout:g} s)"
+            record(impl, name, elapsed, "" if elapsed is not None else timed_out)
+    for impl in impls:
+        try:
+            rss, delta = bench_idle_rss(impl, config)
+        except TimeoutError as exc:
+            record(impl, f"RSS, {config.idle_connections} idle conns", None, str(exc))
+            record(impl, f"RSS delta, {config.idle_connections} idle conns", None, str(exc))
+        else:
+            record(impl, f"RSS, {config.idle_connections} idle conns", rss / 1024)
+            record(impl, f"RSS delta, {config.idle_connections} idle conns", delta / 1024)
 
 
 def new_metrics(config: Config) -> dict[str, Metric]:
@@ -606,9 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = new_metrics(config)
     host = host_info()
     started = time.monotonic()
-    for impl in impls:
-        print(f"running {impl} ...", flush=True)
-        run_impl(impl, config, metrics)
+    print(f"running {' and '.join(impls)}, side by side ...", flush=True)
+    run_side_by_side(impls, config, metrics)
     table = format_table(list(metrics.values()))
     print()
     print(table)
