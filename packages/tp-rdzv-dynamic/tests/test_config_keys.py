@@ -13,9 +13,9 @@ import pytest
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters, create_handler
 from tp_rdzv_api.config_keys import LAUNCHER_KEYS
+from tp_rdzv_api.testing import RecordingConfig, config_key_warnings
 from tp_rdzv_dynamic.factory import CONFIG_KEYS, SECURITY_KEYS, SETTINGS_KEYS, STORE_KEYS
 
-WARNER = "tp_rdzv_api.config_keys"
 BACKENDS = ["core", "c10d", "p10d"]
 
 
@@ -23,30 +23,6 @@ def params(backend: str, endpoint: str, **config: Any) -> RendezvousParameters:
     return RendezvousParameters(
         backend, endpoint, "job", min_nodes=1, max_nodes=1, local_addr="127.0.0.1", config=config
     )
-
-
-def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == WARNER]
-
-
-class RecordingConfig(dict[str, Any]):
-    """A config that records the keys read from it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.read: set[str] = set()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.read.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.read.add(str(key))
-        return super().__contains__(key)
 
 
 def test_the_known_keys_are_the_ones_read() -> None:
@@ -64,7 +40,7 @@ def test_an_unknown_key_gets_one_warning_naming_it(
     caplog.set_level(logging.WARNING)
     handler = create_handler(params(backend, f"127.0.0.1:{free_port}", is_host=True, secret="x"))
     handler.shutdown()
-    [message] = warnings(caplog)
+    [message] = config_key_warnings(caplog.records)
     assert message == (
         f"rendezvous config key 'secret' not understood by backend {backend!r} and ignored; "
         f"backend {backend!r} understands: {', '.join(sorted(CONFIG_KEYS))}"
@@ -79,7 +55,7 @@ def test_a_key_of_another_backend_gets_a_warning(
     caplog.set_level(logging.WARNING)
     handler = create_handler(params(backend, f"127.0.0.1:{free_port}", is_host=True, **{key: "1"}))
     handler.shutdown()
-    [message] = warnings(caplog)
+    [message] = config_key_warnings(caplog.records)
     assert f"config key {key!r} not understood by backend {backend!r}" in message
 
 
@@ -103,7 +79,7 @@ def test_the_keys_it_reads_and_torchruns_get_no_warning(
     handler = create_handler(params(backend, f"127.0.0.1:{free_port}", **config))
     assert handler.next_rendezvous().world_size == 1
     handler.shutdown()
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []
 
 
 def test_the_warning_comes_before_the_store_fails(
@@ -114,7 +90,7 @@ def test_the_warning_comes_before_the_store_fails(
     config = {"is_host": False, "read_timeout": 0.3, "tls_cax": "ca.pem"}
     with pytest.raises(RendezvousConnectionError):
         create_handler(params("c10d", f"127.0.0.1:{free_port}", **config))
-    [message] = warnings(caplog)
+    [message] = config_key_warnings(caplog.records)
     assert message.startswith(
         "rendezvous config key 'tls_cax' (did you mean 'tls_ca'?) not understood by backend "
         "'c10d' and ignored"
@@ -145,4 +121,4 @@ def test_every_key_it_reads_is_a_known_one(
     handler.shutdown()
     assert config.read <= CONFIG_KEYS | LAUNCHER_KEYS
     assert set(settings) | set(store) | set(SECURITY_KEYS) <= config.read
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []

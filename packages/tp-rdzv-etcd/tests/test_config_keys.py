@@ -13,40 +13,15 @@ import pytest
 
 from tp_rdzv_api import RendezvousParameters, create_handler
 from tp_rdzv_api.config_keys import LAUNCHER_KEYS
+from tp_rdzv_api.testing import RecordingConfig, config_key_warnings
 from tp_rdzv_dynamic.factory import SETTINGS_KEYS
 from tp_rdzv_etcd.factory import CONFIG_KEYS, STORE_KEYS, TLS_FILE_KEYS
 from tp_rdzv_etcd.local import LocalEtcd
-
-WARNER = "tp_rdzv_api.config_keys"
 
 
 def params(endpoint: str, **config: Any) -> RendezvousParameters:
     config = {"etcd_prefix": f"/config-keys/{uuid.uuid4().hex}", "read_timeout": 10, **config}
     return RendezvousParameters("etcd", endpoint, "run", 1, 1, config=config)
-
-
-def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == WARNER]
-
-
-class RecordingConfig(dict[str, Any]):
-    """A config that records the keys read from it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.read: set[str] = set()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.read.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.read.add(str(key))
-        return super().__contains__(key)
 
 
 def test_the_known_keys_are_the_ones_read() -> None:
@@ -75,7 +50,7 @@ def test_a_key_of_another_backend_gets_one_warning(
     caplog.set_level(logging.WARNING)
     handler = create_handler(params(etcd1.endpoints, **config))
     handler.shutdown()
-    [message] = warnings(caplog)
+    [message] = config_key_warnings(caplog.records)
     assert message == (
         f"rendezvous config {named} not understood by backend 'etcd' and ignored; "
         f"backend 'etcd' understands: {', '.join(sorted(CONFIG_KEYS))}"
@@ -103,7 +78,7 @@ def test_the_keys_it_reads_and_torchruns_get_no_warning(
     handler = create_handler(parameters)
     assert handler.next_rendezvous().world_size == 1
     handler.shutdown()
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []
     assert config.read <= CONFIG_KEYS | LAUNCHER_KEYS
     assert set(config) - LAUNCHER_KEYS <= config.read
 

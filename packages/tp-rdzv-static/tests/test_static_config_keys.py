@@ -13,13 +13,12 @@ import pytest
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters, create_handler
 from tp_rdzv_api.config_keys import LAUNCHER_KEYS
+from tp_rdzv_api.testing import RecordingConfig, config_key_warnings
 from tp_rdzv_static import StaticTCPRendezvous
 from tp_rdzv_static.static_tcp_rendezvous import CONFIG_KEYS
 from tp_store import StoreAuthenticationError, StoreConnectionError, TCPStore
 from tp_store.security import SECRET_ENV, SECRET_FILE_ENV
 from tp_store.testing.tls import TestPKI, make_test_pki
-
-WARNER = "tp_rdzv_api.config_keys"
 
 
 @pytest.fixture(autouse=True)
@@ -42,37 +41,13 @@ def params(port: int, rank: int = 0, world_size: int = 1, **config: Any) -> Rend
     )
 
 
-def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == WARNER]
-
-
-class RecordingConfig(dict[str, Any]):
-    """A config that records the keys read from it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.read: set[str] = set()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.read.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.read.add(str(key))
-        return super().__contains__(key)
-
-
 def test_an_unknown_key_gets_a_warning_naming_it(
     free_port: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
     handler = create_handler(params(free_port, secret="x", tls_cax="ca.pem"))
     assert handler.next_rendezvous().world_size == 1
-    [message] = warnings(caplog)
+    [message] = config_key_warnings(caplog.records)
     assert message.startswith(
         "rendezvous config keys 'secret', 'tls_cax' (did you mean 'tls_ca'?) not understood "
         "by backend 'static' and ignored; backend 'static' understands: join_timeout, rank, "
@@ -87,7 +62,7 @@ def test_a_key_of_another_backend_gets_a_warning(
 ) -> None:
     caplog.set_level(logging.WARNING)
     create_handler(params(free_port, **{key: "x"}))
-    [message] = warnings(caplog)
+    [message] = config_key_warnings(caplog.records)
     assert f"config key {key!r} not understood by backend 'static'" in message
 
 
@@ -98,10 +73,10 @@ def test_the_keys_it_reads_and_torchruns_get_no_warning(
     config = {"read_timeout": 20, "join_timeout": 30, "start_daemon": "true"}
     handler = create_handler(params(free_port, **config))
     handler.next_rendezvous()
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []
     # The host-name form has no config: nothing to warn about either.
     StaticTCPRendezvous("127.0.0.1", 0, timeout=20)
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []
 
 
 def test_every_key_it_reads_is_a_known_one(tmp_path: Path, pki: TestPKI, free_port: int) -> None:
@@ -143,7 +118,7 @@ def test_the_store_serves_tls_with_the_tls_keys(
     first, second = host.next_rendezvous(), guest.next_rendezvous()
     first.store.set("greeting", "hello")
     assert second.store.get("greeting") == b"hello"
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []
     # A node without tls_ca cannot talk to the store in plain TCP.
     with pytest.raises(StoreConnectionError, match=r"does it require TLS \(tls_ca\)"):
         TCPStore("127.0.0.1", free_port, timeout=5)
@@ -167,7 +142,7 @@ def test_rank_0_can_require_client_certificates(
     assert guest.next_rendezvous().rank == 1
     with pytest.raises(RendezvousConnectionError, match=r"client certificate|TLS handshake"):
         create_handler(params(free_port, 1, 2, read_timeout=5, tls_ca=str(pki.ca)))
-    assert warnings(caplog) == []
+    assert config_key_warnings(caplog.records) == []
 
 
 def test_secret_file_is_required_of_every_node(free_port: int, tmp_path: Path) -> None:
