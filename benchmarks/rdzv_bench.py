@@ -47,12 +47,13 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from hostinfo import host_info, load_average
+from metrics import Metric, format_table
 
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
@@ -84,24 +85,6 @@ KILL_CONFIG = {
 # Node processes talk to the bench over stdout lines carrying this prefix;
 # anything else a node prints (torch's logging, say) is passed through.
 MESSAGE_PREFIX = "RDZV-BENCH "
-
-
-@dataclass
-class Metric:
-    """One row of the result table."""
-
-    name: str
-    unit: str
-    better: str  # "higher" or "lower"
-    ours: float | None = None
-    torch: float | None = None
-    notes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float | None:
-        if self.ours is None or self.torch is None or self.torch == 0:
-            return None
-        return self.ours / self.torch
 
 
 class VerificationError(RuntimeError):
@@ -732,38 +715,6 @@ def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
             recorder.measure(etcd_metric_name(size), "ours", first_round)
 
 
-def format_table(metrics: Sequence[Metric]) -> str:
-    def cell(value: float | None) -> str:
-        if value is None:
-            return "-"
-        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
-
-    header = ("metric", "unit", "ours", "torch", "ours/torch", "better")
-    rows = [
-        (
-            m.name,
-            m.unit,
-            cell(m.ours),
-            cell(m.torch),
-            "-" if m.ratio is None else f"{m.ratio:.3g}x",
-            m.better,
-        )
-        for m in metrics
-    ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for index, row in enumerate([header, *rows]):
-        lines.append(
-            "  ".join(
-                text.ljust(width) if col < 2 else text.rjust(width)
-                for col, (text, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 def versions(impls: Sequence[str]) -> dict[str, str]:
     import importlib.metadata
 
@@ -879,18 +830,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "etcd": {"sizes": list(args.etcd_sizes), "version": args.etcd_version},
         },
         "seconds": round(time.monotonic() - started, 1),
-        "metrics": [
-            {
-                "name": m.name,
-                "unit": m.unit,
-                "better": m.better,
-                "ours": m.ours,
-                "torch": m.torch,
-                "ratio_ours_over_torch": m.ratio,
-                "notes": m.notes,
-            }
-            for m in metrics.values()
-        ],
+        "metrics": [m.to_json() for m in metrics.values()],
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -24,9 +24,11 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from metrics import Metric
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -52,31 +54,12 @@ ETCD_ROUND = re.compile(r"^first round, (\d+) nodes, on etcd$")
 
 
 @dataclass
-class Row:
-    """One metric row of a benchmark's JSON."""
-
-    name: str
-    unit: str
-    better: str  # "higher" or "lower"
-    ours: float | None
-    torch: float | None
-    notes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float | None:
-        """ours / torch, when both were measured."""
-        if self.ours is None or self.torch is None or self.torch == 0:
-            return None
-        return self.ours / self.torch
-
-
-@dataclass
 class Run:
     """One benchmark run as its JSON records it."""
 
     path: Path
     data: dict[str, Any]
-    rows: list[Row]
+    rows: list[Metric]
 
     @property
     def date(self) -> str:
@@ -85,7 +68,7 @@ class Run:
         match = re.match(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)", text)
         return f"{match[1]} {match[2]} UTC" if match else text
 
-    def row(self, name: str) -> Row | None:
+    def row(self, name: str) -> Metric | None:
         """The row called ``name``, if the run has one."""
         return next((row for row in self.rows if row.name == name), None)
 
@@ -95,17 +78,7 @@ def load_run(path: Path) -> Run | None:
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    rows = [
-        Row(
-            name=item["name"],
-            unit=item["unit"],
-            better=item["better"],
-            ours=item.get("ours"),
-            torch=item.get("torch"),
-            notes=dict(item.get("notes") or {}),
-        )
-        for item in data.get("metrics", [])
-    ]
+    rows = [Metric.from_json(item) for item in data.get("metrics", [])]
     return Run(path, data, rows)
 
 
@@ -130,7 +103,7 @@ def short_number(value: float) -> str:
     return f"{value:.2g}" if value < 0.1 else f"{value:.3g}"
 
 
-def verdict(row: Row) -> str:
+def verdict(row: Metric) -> str:
     """How ours compares with torch on ``row``, in words (says when torch has no value)."""
     ratio = row.ratio
     if ratio is None:
@@ -146,7 +119,7 @@ def verdict(row: Row) -> str:
     return f"**ours {1 / factor:.3g}x {words[1]}**"
 
 
-def torch_missing(row: Row) -> str:
+def torch_missing(row: Metric) -> str:
     """Why torch has no value on ``row``, briefly."""
     note = row.notes.get("torch", "")
     if note.startswith(("TimeoutError", "timeout")):
@@ -483,7 +456,7 @@ def config_line(run: Run) -> str:
     return "; ".join(f"{key}: {json.dumps(value)}" for key, value in config.items())
 
 
-def slower_rows(runs: Iterable[Run]) -> list[Row]:
+def slower_rows(runs: Iterable[Run]) -> list[Metric]:
     """Rows where ours is measurably worse than torch."""
     found = []
     for run in runs:

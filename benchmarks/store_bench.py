@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hostinfo import host_info, load_average
+from metrics import Metric, format_table
 
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
@@ -87,24 +88,6 @@ class Config:
     idle_connections: int = 1000
     skip: set[str] = field(default_factory=set)  # "impl:scenario" names to skip
     timeout: float = 600.0
-
-
-@dataclass
-class Metric:
-    """One row of the result table."""
-
-    name: str
-    unit: str
-    better: str  # "higher" or "lower"
-    ours: float | None = None
-    torch: float | None = None
-    notes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float | None:
-        if self.ours is None or self.torch is None or self.torch == 0:
-            return None
-        return self.ours / self.torch
 
 
 # -- servers and clients ----------------------------------------------------------
@@ -525,38 +508,6 @@ def new_metrics(config: Config) -> dict[str, Metric]:
     return {row.name: row for row in rows}
 
 
-def format_table(metrics: Sequence[Metric]) -> str:
-    def cell(value: float | None) -> str:
-        if value is None:
-            return "-"
-        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
-
-    header = ("metric", "unit", "ours", "torch", "ours/torch", "better")
-    rows = [
-        (
-            m.name,
-            m.unit,
-            cell(m.ours),
-            cell(m.torch),
-            "-" if m.ratio is None else f"{m.ratio:.3g}x",
-            m.better,
-        )
-        for m in metrics
-    ]
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for index, row in enumerate([header, *rows]):
-        lines.append(
-            "  ".join(
-                text.ljust(width) if col < 2 else text.rjust(width)
-                for col, (text, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 def versions(impls: Sequence[str]) -> dict[str, str]:
     found = {"python": platform.python_version()}
     if "ours" in impls:
@@ -647,18 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": {k: v for k, v in asdict(config).items() if k != "skip"}
         | {"skipped": sorted(config.skip)},
         "seconds": round(time.monotonic() - started, 1),
-        "metrics": [
-            {
-                "name": m.name,
-                "unit": m.unit,
-                "better": m.better,
-                "ours": m.ours,
-                "torch": m.torch,
-                "ratio_ours_over_torch": m.ratio,
-                "notes": m.notes,
-            }
-            for m in metrics.values()
-        ],
+        "metrics": [m.to_json() for m in metrics.values()],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
