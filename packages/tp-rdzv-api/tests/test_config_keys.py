@@ -87,14 +87,14 @@ def test_unknown_config_keys_without_logging(caplog: pytest.LogCaptureFixture) -
 
 def test_store_security_reads_the_tcp_store_keys() -> None:
     assert STORE_SECURITY_KEYS == ("tls_cert", "tls_key", "tls_ca", "tls_client_ca", "secret_file")
-    assert store_security(params(tls_ca=" ca.pem ", secret_file="s", other="x")) == {
+    assert store_security(params(tls_ca=" ca.pem ", secret_file="s", other="x").config) == {
         "tls_ca": "ca.pem",
         "secret_file": "s",
     }
-    assert store_security(params()) == {}
+    assert store_security(params().config) == {}
 
 
 @pytest.mark.parametrize("bad", ["", "  ", 3, True])
 def test_store_security_rejects_a_value_that_is_not_a_path(bad: object) -> None:
     with pytest.raises(ValueError, match=r"option 'tls_cert' must be the path of a file"):
-        store_security(params(tls_cert=bad))
+        store_security(params(tls_cert=bad).config)

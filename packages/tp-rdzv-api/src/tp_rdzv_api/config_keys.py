@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import Any, TypedDict, cast
 
 from .parameters import RendezvousParameters
 
@@ -75,14 +76,24 @@ def warn_unknown_config_keys(
     return unknown
 
 
-def store_security(params: RendezvousParameters) -> dict[str, str]:
-    """The :data:`STORE_SECURITY_KEYS` that ``params`` set, as ``TCPStore`` keyword arguments.
+class StoreSecurity(TypedDict, total=False):
+    """The security keys a rendezvous config set, as ``tp_store.TCPStore`` keyword arguments."""
+
+    tls_cert: str
+    tls_key: str
+    tls_ca: str
+    tls_client_ca: str
+    secret_file: str
+
+
+def store_security(config: Mapping[str, Any]) -> StoreSecurity:
+    """The :data:`STORE_SECURITY_KEYS` that ``config`` (a rendezvous config) sets.
 
     Raises ``ValueError`` naming a key whose value is not a non-empty path.
     """
     found: dict[str, str] = {}
     for key in STORE_SECURITY_KEYS:
-        value = params.get(key)
+        value = config.get(key)
         if value is None:
             continue
         if not isinstance(value, str) or not value.strip():
@@ -90,4 +101,30 @@ def store_security(params: RendezvousParameters) -> dict[str, str]:
                 f"rendezvous config option {key!r} must be the path of a file, got {value!r}"
             )
         found[key] = value.strip()
-    return found
+    return cast(StoreSecurity, found)
+
+
+class TCPStoreSecurity(TypedDict):
+    """The security keyword arguments of a ``tp_store.TCPStore`` (``None``: not set)."""
+
+    tls_cert: str | None
+    tls_key: str | None
+    tls_ca: str | None
+    tls_client_ca: str | None
+    secret_file: str | None
+
+
+def tcp_store_security(security: StoreSecurity, *, master: bool) -> TCPStoreSecurity:
+    """``security`` as the arguments of a ``TCPStore`` that hosts the server (``master``)
+    or only connects.
+
+    ``tls_client_ca`` (which client certificates the server accepts) is the
+    hosting node's option alone; a client would take it for a server CA.
+    """
+    return TCPStoreSecurity(
+        tls_cert=security.get("tls_cert"),
+        tls_key=security.get("tls_key"),
+        tls_ca=security.get("tls_ca"),
+        tls_client_ca=security.get("tls_client_ca") if master else None,
+        secret_file=security.get("secret_file"),
+    )

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tp_rdzv_api.config_keys import store_security, tcp_store_security
 from tp_rdzv_api.utils import parse_rendezvous_config, parse_rendezvous_endpoint
 from tp_rdzv_dynamic.factory import DEFAULT_PORT
 from tp_store import StoreError, TCPStore, UnsupportedOperationError
@@ -121,10 +122,7 @@ def _store_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
             host,
             port,
             timeout=args.timeout,
-            tls_cert=config.get("tls_cert"),
-            tls_key=config.get("tls_key"),
-            tls_ca=config.get("tls_ca"),
-            secret_file=config.get("secret_file"),
+            **tcp_store_security(store_security(config), master=False),
         )
     except ValueError as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc

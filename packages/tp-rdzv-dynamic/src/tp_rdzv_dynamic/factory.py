@@ -34,7 +34,9 @@ from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters
 from tp_rdzv_api.coercion import to_seconds
 from tp_rdzv_api.config_keys import (
     STORE_SECURITY_KEYS,
+    StoreSecurity,
     store_security,
+    tcp_store_security,
     warn_unknown_config_keys,
 )
 from tp_rdzv_api.parameters import TIMEOUT_KEYS
@@ -144,7 +146,7 @@ def create_store(params: RendezvousParameters) -> Store:
         if raw_timeout is None
         else to_seconds("read_timeout", raw_timeout).total_seconds()
     )
-    security = store_security(params)
+    security = store_security(params.config)
     if store_type.strip().lower() == "file":
         if not params.endpoint.strip():
             raise ValueError("store_type=file needs the endpoint to be the path of the store file")
@@ -158,7 +160,7 @@ def create_store(params: RendezvousParameters) -> Store:
 
 
 def _tcp_store(
-    params: RendezvousParameters, read_timeout: float, security: dict[str, str]
+    params: RendezvousParameters, read_timeout: float, security: StoreSecurity
 ) -> TCPStore:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
     asked = params.get_as_bool("is_host")
@@ -183,7 +185,7 @@ def _tcp_store(
 
 
 def _open_tcp_store(
-    host: str, port: int, read_timeout: float, security: dict[str, str], *, master: bool
+    host: str, port: int, read_timeout: float, security: StoreSecurity, *, master: bool
 ) -> TCPStore:
     return TCPStore(
         host,
@@ -192,12 +194,7 @@ def _open_tcp_store(
         timeout=read_timeout,
         # Several nodes of one process share the server.
         multi_tenant=master,
-        tls_cert=security.get("tls_cert"),
-        tls_key=security.get("tls_key"),
-        tls_ca=security.get("tls_ca"),
-        # The hosting node's option alone.
-        tls_client_ca=security.get("tls_client_ca") if master else None,
-        secret_file=security.get("secret_file"),
+        **tcp_store_security(security, master=master),
     )
 
 

@@ -92,6 +92,11 @@ def _get(key: bytes) -> Json:
     return {"request_range": {"key": b64(key)}}
 
 
+def _unchanged_since(key: bytes, mod_revision: int) -> Json:
+    """A transaction compare: ``key`` was last modified at ``mod_revision``."""
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
+
+
 class EtcdStore(Store):
     """A store whose data lives in an etcd cluster (v3 API, etcd 3.4 or later).
 
@@ -309,12 +314,7 @@ class EtcdStore(Store):
         while True:
             mod_revision, current = seen
             desired = change(current)
-            compare = {
-                "key": b64(etcd_key),
-                "target": "MOD",
-                "result": "EQUAL",
-                "mod_revision": str(mod_revision),
-            }
+            compare = _unchanged_since(etcd_key, mod_revision)
             try:
                 answer = self._txn(
                     [compare], [_put(etcd_key, desired)], [_get(etcd_key)], retry_ambiguous=False
@@ -528,12 +528,7 @@ class EtcdStore(Store):
                     raise timeout_error([raw_key], seconds, "a value in queue")
                 continue
             item_key, mod_revision, value = item
-            compare = {
-                "key": b64(item_key),
-                "target": "MOD",
-                "result": "EQUAL",
-                "mod_revision": str(mod_revision),
-            }
+            compare = _unchanged_since(item_key, mod_revision)
             try:
                 answer = self._txn(
                     [compare],

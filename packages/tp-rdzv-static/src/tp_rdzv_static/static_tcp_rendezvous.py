@@ -22,7 +22,9 @@ from tp_rdzv_api import (
 from tp_rdzv_api.coercion import to_int, to_seconds
 from tp_rdzv_api.config_keys import (
     STORE_SECURITY_KEYS,
+    StoreSecurity,
     store_security,
+    tcp_store_security,
     warn_unknown_config_keys,
 )
 from tp_rdzv_api.parameters import TIMEOUT_KEYS
@@ -121,7 +123,7 @@ class StaticTCPRendezvous(RendezvousHandler):
             else:
                 read_timeout = RendezvousTimeout().join.total_seconds()
             is_master = self._rank == 0 and bool(params.get_as_bool("start_daemon", True))
-            security = store_security(params)
+            security = store_security(params.config)
         else:
             if not isinstance(params, str):
                 raise TypeError(
@@ -140,7 +142,7 @@ class StaticTCPRendezvous(RendezvousHandler):
             self._local_addr = None
             read_timeout = to_seconds("timeout", timeout).total_seconds()
             is_master = self._rank == 0
-            security = {}
+            security = StoreSecurity()
         if self._num_nodes < 1:
             raise ValueError(f"the world size must be >= 1, got {self._num_nodes}")
         if not 0 <= self._rank < self._num_nodes:
@@ -164,12 +166,7 @@ class StaticTCPRendezvous(RendezvousHandler):
                 is_master=is_master,
                 timeout=read_timeout,
                 wait_for_workers=False,
-                tls_cert=security.get("tls_cert"),
-                tls_key=security.get("tls_key"),
-                tls_ca=security.get("tls_ca"),
-                # The hosting node's option alone.
-                tls_client_ca=security.get("tls_client_ca") if is_master else None,
-                secret_file=security.get("secret_file"),
+                **tcp_store_security(security, master=is_master),
             )
         except OSError as exc:
             action = "bind" if is_master else "connect to"
