@@ -6,6 +6,7 @@ import json
 import queue
 import signal
 import subprocess
+import sys
 import sysconfig
 import threading
 import time
@@ -20,13 +21,26 @@ TP_RDZV = Path(sysconfig.get_path("scripts")) / "tp-rdzv"
 TIMEOUT = 60.0
 
 
-class Command:
-    """A running ``tp-rdzv`` whose stdout lines arrive on a queue (no polling)."""
+# Starts a program with SIGINT ignored, as a non-interactive shell starts a background
+# job (an ignored signal stays ignored across exec).
+_IGNORING_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
 
-    def __init__(self, args: list[str]) -> None:
+
+class Command:
+    """A running ``tp-rdzv`` whose stdout lines arrive on a queue (no polling).
+
+    ``sigint_ignored`` starts it the way ``tp-rdzv ... &`` in a script does.
+    """
+
+    def __init__(self, args: list[str], *, sigint_ignored: bool = False) -> None:
         self.args = args
         self.process = subprocess.Popen(
-            [str(TP_RDZV), *args],
+            [*(_IGNORING_SIGINT if sigint_ignored else []), str(TP_RDZV), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -18,11 +18,11 @@ from cli_support import Command  # noqa: E402
 
 @pytest.fixture
 def tp_rdzv() -> Iterator[Callable[..., Command]]:
-    """``tp_rdzv(*args)``: start the command; every one started is stopped at the end."""
+    """``tp_rdzv(*args, sigint_ignored=False)``: start the command; each is stopped at the end."""
     started: list[Command] = []
 
-    def start(*args: str) -> Command:
-        command = Command(list(args))
+    def start(*args: str, sigint_ignored: bool = False) -> Command:
+        command = Command(list(args), sigint_ignored=sigint_ignored)
         started.append(command)
         return command
 

@@ -6,6 +6,7 @@ import json
 import shlex
 import signal
 import socket
+import time
 import urllib.request
 from collections.abc import Callable
 from importlib import resources
@@ -133,16 +134,30 @@ def test_status_table_for_people(tp_rdzv, store):
         assert name in result.stdout
 
 
-def test_status_watch_refreshes_until_interrupted(tp_rdzv, store):
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGINT] * 3])
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
+def test_status_watch_refreshes_until_interrupted(tp_rdzv, store, signals, sigint_ignored):
+    # A script's `tp-rdzv status --watch &` inherits SIGINT ignored; it must stop all the same.
     run_id = unique_run_id()
     watch = tp_rdzv(
-        "status", "--endpoint", store, "--run-id", run_id, "--watch", "--json", "--interval", "0.1"
+        "status",
+        "--endpoint",
+        store,
+        "--run-id",
+        run_id,
+        "--watch",
+        "--json",
+        "--interval",
+        "0.1",
+        sigint_ignored=sigint_ignored,
     )
     first, second = watch.event(), watch.event()
     assert second["observed_at"] > first["observed_at"]
-    watch.signal(signal.SIGINT)
+    for signum in signals:
+        watch.signal(signum)
     code, err = watch.wait()
     assert code == 0, err
+    assert "Traceback" not in err
 
 
 def test_status_of_the_store_server_counts_operations(tp_rdzv, store):
@@ -168,11 +183,16 @@ def test_store_serves_prometheus_metrics(tp_rdzv):
     assert "tp_store_connections_open" in text
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_store_shuts_down_cleanly_on_a_signal(tp_rdzv, signum):
-    server = tp_rdzv("store", "--port", "0")
+@pytest.mark.parametrize(
+    "signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGTERM, signal.SIGTERM]]
+)
+def test_store_shuts_down_cleanly_on_a_signal(tp_rdzv, signals):
+    # timeout(1) and supervisors may send a second signal milliseconds after the first.
+    server = tp_rdzv("store", "--port", "0", sigint_ignored=True)
     assert server.line().startswith("store listening on 127.0.0.1:")
-    server.signal(signum)
+    for signum in signals:
+        server.signal(signum)
+        time.sleep(0.005)
     code, err = server.wait()
     assert code == 0, err
     assert "Traceback" not in err

@@ -214,6 +214,38 @@ def test_standalone_server_serves_until_sigterm() -> None:
     assert process.wait(10) == 0
 
 
+@pytest.mark.parametrize(
+    "signals",
+    [
+        [signal.SIGTERM, signal.SIGTERM],
+        [signal.SIGINT, signal.SIGTERM],
+        [signal.SIGTERM, signal.SIGINT] * 5,
+    ],
+    ids=["two-sigterms", "sigint-then-sigterm", "ten-mixed"],
+)
+def test_standalone_server_exits_0_however_many_stop_signals_arrive(
+    signals: list[signal.Signals],
+) -> None:
+    # Supervisors and timeout(1) send a second signal milliseconds after the first;
+    # it must not take the default action while the server shuts down or exits.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tp_store", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    port = int(process.stdout.readline().rsplit(":", 1)[1])
+    client = TCPStore("127.0.0.1", port, timeout=5)  # a connection to close on the way out
+    client.set("k", "v")
+    for signum in signals:
+        process.send_signal(signum)
+        time.sleep(0.005)
+    assert process.wait(30) == 0, process.stderr.read()
+    assert "Traceback" not in process.stderr.read()
+
+
 def test_standalone_server_rejects_a_bad_port() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tp_store", "--port", "99999"],

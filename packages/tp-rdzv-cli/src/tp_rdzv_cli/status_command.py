@@ -25,6 +25,7 @@ from .connect import (
     rendezvous_errors,
 )
 from .errors import CommandError, ExitCode
+from .stop import StopSignals
 
 EXAMPLES = """examples:
   tp-rdzv status --endpoint 127.0.0.1:29400 --run-id job1
@@ -50,7 +51,9 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     add_rendezvous_arguments(parser, run_id_required=False)
     add_observer_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument(
+        "--watch", action="store_true", help="refresh until Ctrl-C (SIGINT) or SIGTERM"
+    )
     parser.add_argument(
         "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
     )
@@ -81,18 +84,20 @@ def run(args: argparse.Namespace) -> int:
         else:
             console.print(render(document))
         return ExitCode.OK
-    try:
-        if args.json:
-            while True:
-                print(json.dumps(read()), flush=True)
-                time.sleep(args.interval)
-        else:
-            with Live(render(read()), console=console, auto_refresh=False) as live:
+    with StopSignals() as stop:
+        try:
+            if args.json:
                 while True:
-                    time.sleep(args.interval)
-                    live.update(render(read()), refresh=True)
-    except KeyboardInterrupt:
-        return ExitCode.OK
+                    print(json.dumps(read()), flush=True)
+                    if stop.wait(args.interval):
+                        break
+            else:
+                with Live(render(read()), console=console, auto_refresh=False) as live:
+                    while not stop.wait(args.interval):
+                        live.update(render(read()), refresh=True)
+        except KeyboardInterrupt:  # a second signal, to break out of a call that hangs
+            pass
+    return ExitCode.OK
 
 
 def _rendezvous_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:

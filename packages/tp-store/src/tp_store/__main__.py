@@ -25,6 +25,8 @@ from .server import (
     new_event_loop,
 )
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a store server: address, backlog, limits, TLS and the secret file."""
@@ -142,25 +144,36 @@ def server_from_arguments(args: argparse.Namespace) -> StoreServer:
 def serve(server: StoreServer, on_ready: Callable[[StoreServer], None]) -> None:
     """Serve until SIGINT or SIGTERM, calling ``on_ready`` once listening.
 
-    Raises ``OSError`` when the address cannot be bound.
+    The first SIGINT or SIGTERM starts the orderly shutdown; later ones are
+    ignored, also after this returns: supervisors and ``timeout(1)`` may send a
+    second signal milliseconds after the first, and its default action would
+    kill the process on its way out. Call it from the main thread. Raises
+    ``OSError`` when the address cannot be bound.
     """
+    loop = new_event_loop()
+    stop = asyncio.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        loop.call_soon_threadsafe(stop.set)
+
+    # Not loop.add_signal_handler: closing the loop would put the default action
+    # back, and so would the interpreter's exit for a Python handler; SIG_IGN stays.
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, request_stop)
 
     async def run() -> None:
         await server.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         try:
             on_ready(server)
             await stop.wait()
         finally:
             await server.close()
 
-    loop = new_event_loop()
     try:
         loop.run_until_complete(run())
     finally:
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         loop.close()
 
 
