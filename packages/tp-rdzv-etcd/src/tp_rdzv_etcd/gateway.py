@@ -48,11 +48,14 @@ Json = dict[str, Any]
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 #: gRPC UNAUTHENTICATED: the auth token expired or was revoked.
 _UNAUTHENTICATED = 16
-#: gRPC INVALID_ARGUMENT, which etcd also answers when a token predates the
-#: last change of users, roles or permissions (always so for JWT tokens, which
-#: carry the auth revision they were issued at): a new token is the cure.
-_INVALID_ARGUMENT = 3
-_OLD_AUTH_REVISION = "revision of auth store is old"
+#: What etcd answers when a token predates the last change of users, roles or
+#: permissions (always so for JWT tokens, which carry the auth revision they
+#: were issued at): a new token is the cure. etcd 3.4 says it with gRPC
+#: INVALID_ARGUMENT (3), etcd 3.5 with UNKNOWN (2) and other words.
+_OLD_AUTH_REVISION = {
+    3: "revision of auth store is old",
+    2: "auth: revision in header is old",
+}
 #: Passes over every member, all unreachable, before a call gives up early.
 _UNREACHABLE_PASSES = 3
 _FIRST_BACKOFF = 0.05
@@ -378,7 +381,10 @@ def _stale_token(error: Json) -> bool:
     """Whether an error answer means "authenticate again and retry"."""
     code = error.get("code")
     message = str(error.get("message") or error.get("error") or "")
-    return code == _UNAUTHENTICATED or (code == _INVALID_ARGUMENT and _OLD_AUTH_REVISION in message)
+    if code == _UNAUTHENTICATED:
+        return True
+    old_revision = _OLD_AUTH_REVISION.get(code) if isinstance(code, int) else None
+    return old_revision is not None and old_revision in message
 
 
 def _failure(endpoint: Endpoint, path: str, status: int, error: Json) -> Exception:
