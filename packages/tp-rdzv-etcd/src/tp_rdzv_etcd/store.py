@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import json
-import operator
 import random
 import threading
 import time
@@ -42,7 +41,13 @@ from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from tp_store import QueueEmptyError, Store
 from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes
-from tp_store.semantics import check_multi_set, counter_after_add, key_text, timeout_error
+from tp_store.semantics import (
+    check_multi_set,
+    counter_after_add,
+    int_argument,
+    key_text,
+    timeout_error,
+)
 
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
@@ -285,7 +290,7 @@ class EtcdStore(Store):
     def add(self, key: Data, amount: int) -> int:
         """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
         raw_key = as_bytes(key, "key")
-        amount = operator.index(amount)
+        amount = int_argument(amount, "amount")
 
         def added(value: bytes | None) -> bytes:
             return str(counter_after_add(raw_key, value, amount)).encode()
