@@ -40,7 +40,7 @@ from typing import Any
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from tp_store import QueueEmptyError, Store
-from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes
+from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes, as_keys
 from tp_store.semantics import (
     check_multi_set,
     counter_after_add,
@@ -266,7 +266,7 @@ class EtcdStore(Store):
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
         """The values of all ``keys``, waiting for all of them to exist."""
         self.wait(keys)
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         values: list[bytes] = []
         for start in range(0, len(raw_keys), MAX_TXN_OPS):
             chunk = raw_keys[start : start + MAX_TXN_OPS]
@@ -430,11 +430,11 @@ class EtcdStore(Store):
 
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key has a value or a non-empty queue, without blocking."""
-        return not self._missing([as_bytes(key, "key") for key in keys])
+        return not self._missing(as_keys(keys))
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         seconds = self._deadline_seconds(timeout)
         deadline = time.monotonic() + seconds
         while True:

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import StoreError
-from .semantics import INT64_MAX, check_multi_set, int_argument
+from .semantics import INT64_MAX, check_multi_set, check_sequence, int_argument
 
 if TYPE_CHECKING:
     from .protocol import ServerStats
@@ -66,6 +66,12 @@ def as_bytes(data: Data, what: str = "value") -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"{what} must be str or bytes, got {type(data).__name__}")
+
+
+def as_keys(keys: Sequence[Data]) -> list[bytes]:
+    """Encode a list of keys; a lone ``str`` or ``bytes`` is a ``TypeError``."""
+    check_sequence(keys, "keys")
+    return [as_bytes(key, "key") for key in keys]
 
 
 class Store(abc.ABC):

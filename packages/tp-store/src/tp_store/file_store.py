@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, TypeVar
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
+from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
 from .errors import QueueEmptyError, StoreError, StoreFileError
 from .semantics import (
     INT64_MAX,
@@ -252,7 +252,7 @@ class _Log:
         if not damage.cut_short or _intact_batch_after(data, damage.offset):
             raise StoreError(
                 f"the FileStore file {self.path!r} is corrupt at byte {self.replayed}: "
-                f"{damage.problem}; no handle reads past it (remove the file to start afresh)"
+                f"{damage.problem}; handles read no further (remove the file to start afresh)"
             )
         if not may_truncate:
             return False
@@ -275,6 +275,11 @@ class _Log:
     def _replay(self, data: bytes) -> _Damage | None:
         """Apply the intact records of ``data``, which starts where the replay stopped."""
         records, end, damage = _parse(data)
+        self._apply(records)
+        self.replayed += end
+        return damage
+
+    def _apply(self, records: Iterable[_Record]) -> None:
         for key, value in records:
             if key.startswith(_DELETE):
                 self.values.pop(key[len(_DELETE) :], None)
@@ -286,8 +291,6 @@ class _Log:
                     queue.popleft()
             else:
                 self.values[key] = value
-        self.replayed += end
-        return damage
 
     def append(self, *records: _Record) -> None:
         """Append ``records`` as one batch and apply them (inside ``synced(exclusive=True)``)."""
@@ -301,7 +304,8 @@ class _Log:
             raise StoreFileError(
                 f"cannot write to the FileStore file {self.path!r}: {exc}"
             ) from exc
-        self._replay(blob)
+        self._apply(records)
+        self.replayed += len(blob)
 
     def bump(self, key: bytes, amount: int) -> int:
         """Add to the counter at ``key`` (inside ``synced(exclusive=True)``)."""
@@ -341,9 +345,16 @@ class FileStore(Store):
 
     POSIX only: processes exclude each other with ``fcntl.flock``, which also
     requires a file system where ``flock`` works across the machines involved.
-    The file uses PyTorch's ``FileStore`` format and grows with every write.
     ``world_size`` is PyTorch's: once that many handles have been closed and
     none is open, the last one closing removes the file (-1: never).
+
+    The file holds PyTorch's ``FileStore`` records, each write led by a
+    checksum record that PyTorch ignores, and grows with every write. A torn
+    tail (a write cut short) is truncated, with a warning; any other damage
+    raises :class:`~tp_store.StoreError`. The file is created readable by its
+    owner only, and a symbolic link at ``file_name`` is refused: errors
+    opening, reading or writing it raise :class:`~tp_store.StoreFileError`,
+    naming it.
 
     Blocking operations poll the file: the standard library has no portable way
     to be told that another process appended to it (and inotify misses remote
@@ -446,7 +457,7 @@ class FileStore(Store):
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         seconds = self._deadline_seconds(timeout)
         if self._poll(lambda: None if self._missing(raw_keys) else True, seconds) is None:
             missing = self._missing(raw_keys)
@@ -455,7 +466,7 @@ class FileStore(Store):
 
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key exists, without blocking."""
-        return not self._missing([as_bytes(key, "key") for key in keys])
+        return not self._missing(as_keys(keys))
 
     def delete_key(self, key: Data) -> bool:
         """Delete ``key``; return whether it existed."""

@@ -42,8 +42,26 @@ def int_argument(value: object, what: str, low: int = INT64_MIN, high: int = INT
     return number
 
 
+def check_sequence(items: object, what: str) -> None:
+    """Raise ``TypeError`` naming ``what`` unless ``items`` is a sequence of keys or values.
+
+    A lone ``str`` or ``bytes`` is refused: it would be taken as one key per
+    character (PyTorch refuses it too).
+    """
+    if isinstance(items, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"{what} must be a list, got a single {type(items).__name__} "
+            f"{reprlib.repr(items)} (write [{reprlib.repr(items)}])"
+        )
+    if not isinstance(items, Sequence):
+        raise TypeError(f"{what} must be a list, got {type(items).__name__}")
+
+
 def check_multi_set(keys: Sequence[object], values: Sequence[object]) -> None:
-    """Raise ``ValueError`` unless ``multi_set`` got as many values as keys."""
+    """Raise ``TypeError`` unless ``multi_set`` got two lists (see :func:`check_sequence`),
+    ``ValueError`` unless they are as long."""
+    check_sequence(keys, "keys")
+    check_sequence(values, "values")
     if len(keys) != len(values):
         raise ValueError(
             f"multi_set needs as many values as keys, got {len(keys)} keys and {len(values)} values"

@@ -25,7 +25,15 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, UnsupportedOperationError, as_bytes
+from .base import (
+    DEFAULT_TIMEOUT,
+    Data,
+    Store,
+    Timeout,
+    UnsupportedOperationError,
+    as_bytes,
+    as_keys,
+)
 from .errors import (
     ProtocolError,
     QueueEmptyError,
@@ -161,6 +169,10 @@ def _check_flags(**flags: object) -> None:
 
 def _user_key(key: Data) -> bytes:
     return USER_KEY_PREFIX + as_bytes(key, "key")
+
+
+def _user_keys(keys: Sequence[Data]) -> tuple[bytes, ...]:
+    return tuple(USER_KEY_PREFIX + key for key in as_keys(keys))
 
 
 class TCPStore(Store):
@@ -615,11 +627,11 @@ class TCPStore(Store):
         return value
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
-        request = Wait(tuple(_user_key(key) for key in keys))
+        request = Wait(_user_keys(keys))
         self._blocking(request.encode(), ReplyKind.U8, 0, self._deadline_seconds(timeout), keys)
 
     def check(self, keys: Sequence[Data]) -> bool:
-        request = Check(tuple(_user_key(key) for key in keys))
+        request = Check(_user_keys(keys))
         return self._request(request.encode(), ReplyKind.U8) == CheckReply.READY
 
     def delete_key(self, key: Data) -> bool:
@@ -634,7 +646,7 @@ class TCPStore(Store):
         self._send(Append(_user_key(key), as_bytes(value)).encode())
 
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
-        user_keys = tuple(_user_key(key) for key in keys)
+        user_keys = _user_keys(keys)
         if self._extended:
             reply = self._blocking(
                 WaitGet(user_keys).encode(),

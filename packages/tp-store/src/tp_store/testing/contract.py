@@ -280,6 +280,27 @@ class StoreContract:
             store.add("c", amount)
         assert store.add("c", 2**63 - 1) == 2**63 - 1
 
+    @pytest.mark.parametrize(
+        ("operation", "name"),
+        [
+            (lambda store: store.wait("ab"), "keys"),
+            (lambda store: store.check(b"ab"), "keys"),
+            (lambda store: store.multi_get("ab"), "keys"),
+            (lambda store: store.multi_set("ab", ["1", "2"]), "keys"),
+            (lambda store: store.multi_set(["a", "b"], "12"), "values"),
+            (lambda store: store.wait(None), "keys"),
+        ],
+        ids=["wait", "check", "multi_get", "multi_set-keys", "multi_set-values", "not-a-list"],
+    )
+    def test_a_lone_str_where_a_list_belongs_is_refused_naming_it(
+        self, store: Store, operation: Callable[[Store], object], name: str
+    ) -> None:
+        # Never one key per character.
+        store.multi_set(["a", "b"], ["x", "y"])
+        with pytest.raises(TypeError, match=f"{name} must be a list"):
+            operation(store)
+        assert [store.get("a"), store.get("b")] == [b"x", b"y"]
+
     # -- compare_set / append / delete ---------------------------------------------------
     def test_compare_set_follows_pytorch(self, store: Store) -> None:
         # Missing key, non-empty expected: nothing is stored, expected comes back.
