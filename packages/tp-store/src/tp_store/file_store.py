@@ -65,10 +65,11 @@ _QUEUE_PUSH = b"queue-push/"
 _QUEUE_POP = b"queue-pop/"
 #: The key of the record leading each batch: it deletes a key nobody has.
 _CHECKSUM = b"-checksum/"
-#: The first 8 bytes of its value: the batch's length and CRC-32. The CRC-32 of
-#: those 8 bytes follows, so that a damaged length is never taken for a torn batch.
-_BATCH_INFO = struct.Struct("=II")
-_CHECKSUM_VALUE_SIZE = _BATCH_INFO.size + _LENGTH.size
+#: Its value: the batch's length and CRC-32, then the CRC-32 of those 8 bytes,
+#: so that a damaged length is never taken for a torn batch.
+_CHECKSUM_VALUE = struct.Struct("=III")
+#: How every checksum record starts: its key, and the length of its value.
+_CHECKSUM_HEAD = _LENGTH.pack(len(_CHECKSUM)) + _CHECKSUM + _LENGTH.pack(_CHECKSUM_VALUE.size)
 _MAX_BATCH = 0xFFFFFFFF
 
 _FIRST_POLL_DELAY = 0.001
@@ -77,22 +78,22 @@ _MAX_POLL_DELAY = 0.05
 _log = logging.getLogger(__name__)
 
 
-def _field(data: bytes, offset: int) -> tuple[bytes, int] | None:
-    """The field at ``offset`` and the offset after it, or ``None`` if incomplete."""
+def _field(data: bytes, offset: int, limit: int) -> tuple[bytes, int] | None:
+    """The field at ``offset`` and the offset after it, or ``None`` if it passes ``limit``."""
     start = offset + _LENGTH.size
-    if start > len(data):
+    if start > limit:
         return None
     (length,) = _LENGTH.unpack_from(data, offset)
     end = start + length
-    if end > len(data):
+    if end > limit:
         return None
     return data[start:end], end
 
 
-def _record_at(data: bytes, offset: int) -> tuple[bytes, bytes, int] | None:
-    """The record at ``offset`` and the offset after it, or ``None`` if incomplete."""
-    key = _field(data, offset)
-    value = None if key is None else _field(data, key[1])
+def _record_at(data: bytes, offset: int, limit: int) -> tuple[bytes, bytes, int] | None:
+    """The record at ``offset`` and the offset after it, or ``None`` if it passes ``limit``."""
+    key = _field(data, offset, limit)
+    value = None if key is None else _field(data, key[1], limit)
     if key is None or value is None:
         return None
     return key[0], value[0], value[1]
@@ -103,11 +104,8 @@ def _encode(records: Iterable[_Record]) -> bytes:
     batch = b"".join(_LENGTH.pack(len(field)) + field for record in records for field in record)
     if len(batch) > _MAX_BATCH:
         raise ValueError(f"one FileStore write is limited to 4 GiB, got {len(batch)} bytes")
-    info = _BATCH_INFO.pack(len(batch), zlib.crc32(batch))
-    value = info + _LENGTH.pack(zlib.crc32(info))
-    return b"".join(
-        [_LENGTH.pack(len(_CHECKSUM)), _CHECKSUM, _LENGTH.pack(len(value)), value, batch]
-    )
+    info = struct.pack("=II", len(batch), zlib.crc32(batch))
+    return _CHECKSUM_HEAD + info + _LENGTH.pack(zlib.crc32(info)) + batch
 
 
 class _Damage(NamedTuple):
@@ -122,33 +120,34 @@ class _Damage(NamedTuple):
 
 def _batch_at(data: bytes, offset: int) -> tuple[list[_Record], int] | _Damage:
     """The records of the batch (or of the unchecked record) at ``offset``, and its end."""
-    record = _record_at(data, offset)
-    if record is None:
-        return _Damage(offset, "a record cut short", cut_short=True)
-    key, value, end = record
-    if key != _CHECKSUM:
+    if not data.startswith(_CHECKSUM_HEAD, offset):
+        record = _record_at(data, offset, len(data))
+        if record is None:
+            return _Damage(offset, "a record cut short", cut_short=True)
+        key, value, end = record
+        if key == _CHECKSUM:
+            return _Damage(offset, "a malformed checksum record", cut_short=False)
         return [(key, value)], end  # written by PyTorch or tp-store 0.1: no checksum
-    if len(value) != _CHECKSUM_VALUE_SIZE:
-        return _Damage(offset, "a malformed checksum record", cut_short=False)
-    info = value[: _BATCH_INFO.size]
-    if zlib.crc32(info) != _LENGTH.unpack_from(value, _BATCH_INFO.size)[0]:
+    info = offset + len(_CHECKSUM_HEAD)
+    start = info + _CHECKSUM_VALUE.size
+    if start > len(data):
+        return _Damage(offset, "a checksum record cut short", cut_short=True)
+    length, checksum, own_checksum = _CHECKSUM_VALUE.unpack_from(data, info)
+    if zlib.crc32(data[info : info + 8]) != own_checksum:
         return _Damage(offset, "a checksum record that fails its own checksum", cut_short=False)
-    length, checksum = _BATCH_INFO.unpack(info)
-    batch_end = end + length
-    if batch_end > len(data):
+    end = start + length
+    if end > len(data):
         return _Damage(offset, "a batch cut short", cut_short=True)
-    batch = data[end:batch_end]
-    if zlib.crc32(batch) != checksum:
+    if zlib.crc32(memoryview(data)[start:end]) != checksum:
         return _Damage(offset, "a batch whose checksum does not match", cut_short=False)
     records: list[_Record] = []
-    position = 0
-    while position < len(batch):
-        inner = _record_at(batch, position)
+    while start < end:
+        inner = _record_at(data, start, end)
         if inner is None:
             return _Damage(offset, "a batch whose records do not fill it", cut_short=False)
         records.append(inner[:2])
-        position = inner[2]
-    return records, batch_end
+        start = inner[2]
+    return records, end
 
 
 def _parse(data: bytes) -> tuple[list[_Record], int, _Damage | None]:
@@ -166,12 +165,11 @@ def _parse(data: bytes) -> tuple[list[_Record], int, _Damage | None]:
 
 def _intact_batch_after(data: bytes, offset: int) -> bool:
     """Whether an intact checksummed batch starts anywhere after ``offset``."""
-    marker = _LENGTH.pack(len(_CHECKSUM)) + _CHECKSUM
-    position = data.find(marker, offset + 1)
+    position = data.find(_CHECKSUM_HEAD, offset + 1)
     while position >= 0:
         if not isinstance(_batch_at(data, position), _Damage):
             return True
-        position = data.find(marker, position + 1)
+        position = data.find(_CHECKSUM_HEAD, position + 1)
     return False
 
 
