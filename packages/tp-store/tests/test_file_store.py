@@ -12,6 +12,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -104,19 +105,64 @@ def test_a_torn_tail_is_truncated_and_every_handle_and_process_agrees(
         file.write(torn)
     with caplog.at_level(logging.WARNING, "tp_store.file_store"):
         second = FileStore(path, timeout=TIMEOUT)
-    assert f"truncated a torn tail of {len(torn)} bytes at byte {intact}" in caplog.text
-    assert str(path) in caplog.text
-    assert not first.check(["torn"])
     first.set("from-first", "a")
     second.set("from-second", "b")
-    assert second.get("from-first") == b"a"
-    assert first.get("from-second") == b"b"
+    # Writes are synchronous: each handle sees the other's at once.
+    assert second.check(["from-first"])
+    assert first.check(["from-second"])
+    assert [second.get("from-first"), first.get("from-second")] == [b"a", b"b"]
+    assert not first.check(["torn"])
+    assert f"truncated a torn tail of {len(torn)} bytes at byte {intact}" in caplog.text
+    assert str(path) in caplog.text
     keys = ["before", "from-first", "from-second", "p1", "p2"]
     results = _exchange_in_processes(path, [("p1", "p2"), ("p2", "p1")])
     assert results == [(b"p2", keys), (b"p1", keys)]
     for handle in (first, second, FileStore(path, timeout=TIMEOUT)):
         assert sorted(handle.list_keys()) == keys
         handle.close()
+
+
+_WRITE_PAST_A_FILE_SIZE_LIMIT = """
+import os, resource, signal, sys
+from tp_store import FileStore, StoreFileError
+path, room = sys.argv[1], int(sys.argv[2])
+store = FileStore(path)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+limit = os.path.getsize(path) + room
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+try:
+    store.set("big", "x" * 10 * room)
+except StoreFileError as exc:
+    print(exc, flush=True)
+os._exit(0)  # as a crash would: no closing record
+"""
+
+
+def test_a_write_cut_short_by_a_full_disk_is_a_store_error_and_its_tail_is_cut(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "store"
+    first = FileStore(path, timeout=TIMEOUT)
+    first.set("before", "1")
+    result = subprocess.run(
+        [sys.executable, "-c", _WRITE_PAST_A_FILE_SIZE_LIMIT, str(path), "1000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"cannot write to the FileStore file {str(path)!r}" in result.stdout
+    assert "File too large" in result.stdout
+    intact = len(path.read_bytes()) - 1000  # the child wrote up to its limit, then failed
+    with caplog.at_level(logging.WARNING, "tp_store.file_store"):
+        second = FileStore(path, timeout=TIMEOUT)
+    assert f"truncated a torn tail of 1000 bytes at byte {intact}" in caplog.text
+    assert not first.check(["big"])
+    second.set("after", "2")
+    assert first.get("after") == b"2"
+    assert sorted(first.list_keys()) == sorted(second.list_keys()) == ["after", "before"]
+    first.close()
+    second.close()
 
 
 def test_a_torn_tail_seen_by_a_reader_is_truncated_before_the_next_write(tmp_path: Path) -> None:
