@@ -113,6 +113,7 @@ def test_a_node_without_the_secret_is_refused_in_one_line(
     _, endpoint = secure_store
     wrong = tmp_path / "wrong"
     wrong.write_text("not the secret")
+    wrong.chmod(0o600)  # else the store warns that others can read it
     base = f"tls_ca={pki.ca},tls_cert={pki.server_cert},tls_key={pki.server_key}"
     for config, expected in (
         (f"{base},secret_file={wrong}", "authentication failed"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tp_store.base import Store
+from tp_store.file_store import FileStore
 from tp_store.prefix_store import PrefixStore
 
 StoreOpener = Callable[[], Store]
@@ -17,3 +18,11 @@ StoreOpener = Callable[[], Store]
 def open_prefixed(prefix: str, opener: StoreOpener) -> PrefixStore:
     """A ``PrefixStore`` over a new handle from ``opener`` (picklable via ``functools.partial``)."""
     return PrefixStore(prefix, opener())
+
+
+def exchange_through_file_store(path: str, mine: str, theirs: str) -> tuple[bytes, list[str]]:
+    """Open a ``FileStore`` on ``path``, set ``mine``, wait for ``theirs``; return its value
+    and the keys this process sees then."""
+    with FileStore(path, timeout=60) as store:
+        store.set(mine, mine)
+        return store.get(theirs), sorted(store.list_keys())

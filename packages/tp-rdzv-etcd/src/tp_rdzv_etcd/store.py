@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import json
-import operator
 import random
 import threading
 import time
@@ -41,8 +40,14 @@ from typing import Any
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from tp_store import QueueEmptyError, Store
-from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes
-from tp_store.semantics import check_multi_set, counter_after_add, key_text, timeout_error
+from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes, as_keys
+from tp_store.semantics import (
+    check_multi_set,
+    counter_after_add,
+    int_argument,
+    key_text,
+    timeout_error,
+)
 
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
@@ -261,7 +266,7 @@ class EtcdStore(Store):
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
         """The values of all ``keys``, waiting for all of them to exist."""
         self.wait(keys)
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         values: list[bytes] = []
         for start in range(0, len(raw_keys), MAX_TXN_OPS):
             chunk = raw_keys[start : start + MAX_TXN_OPS]
@@ -285,7 +290,7 @@ class EtcdStore(Store):
     def add(self, key: Data, amount: int) -> int:
         """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
         raw_key = as_bytes(key, "key")
-        amount = operator.index(amount)
+        amount = int_argument(amount, "amount")
 
         def added(value: bytes | None) -> bytes:
             return str(counter_after_add(raw_key, value, amount)).encode()
@@ -425,11 +430,11 @@ class EtcdStore(Store):
 
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key has a value or a non-empty queue, without blocking."""
-        return not self._missing([as_bytes(key, "key") for key in keys])
+        return not self._missing(as_keys(keys))
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         seconds = self._deadline_seconds(timeout)
         deadline = time.monotonic() + seconds
         while True:

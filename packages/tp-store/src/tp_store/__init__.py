@@ -8,6 +8,7 @@ from .errors import (
     StoreAuthenticationError,
     StoreConnectionError,
     StoreError,
+    StoreFileError,
     StoreLimitError,
     StoreTimeoutError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "StoreAuthenticationError",
     "StoreConnectionError",
     "StoreError",
+    "StoreFileError",
     "StoreLimitError",
     "StoreServer",
     "StoreTimeoutError",

@@ -177,6 +177,18 @@ def serve(server: StoreServer, on_ready: Callable[[StoreServer], None]) -> None:
         loop.close()
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid level {text!r} (choose from {', '.join(_LOG_LEVELS)})"
+        )
+    return level
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tp_store",
@@ -184,14 +196,19 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: python -m tp_store --host 127.0.0.1 --port 29400",
     )
     add_server_arguments(parser)
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default="WARNING",
+        help=f"logging level: {', '.join(_LOG_LEVELS)} (default WARNING)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server; returns the process exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     try:
         serve(
             server_from_arguments(args),

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import StoreError
-from .semantics import check_multi_set
+from .semantics import INT64_MAX, check_multi_set, check_sequence, int_argument
 
 if TYPE_CHECKING:
     from .protocol import ServerStats
@@ -36,9 +36,14 @@ def as_timedelta(timeout: Timeout, what: str = "timeout") -> timedelta:
     if isinstance(timeout, timedelta):
         value = timeout
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        if math.isnan(timeout) or math.isinf(timeout):
+        if isinstance(timeout, float) and not math.isfinite(timeout):
             raise ValueError(f"{what} must be a finite number of seconds, got {timeout!r}")
-        value = timedelta(seconds=timeout)
+        try:
+            value = timedelta(seconds=timeout)
+        except OverflowError:  # also an int too large for a float
+            raise ValueError(
+                f"{what} must be at most {timedelta.max.total_seconds():.0f} seconds"
+            ) from None
     else:
         raise TypeError(f"{what} must be a timedelta or seconds as a number, got {timeout!r}")
     if value < timedelta(0):
@@ -61,6 +66,12 @@ def as_bytes(data: Data, what: str = "value") -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"{what} must be str or bytes, got {type(data).__name__}")
+
+
+def as_keys(keys: Sequence[Data]) -> list[bytes]:
+    """Encode a list of keys; a lone ``str`` or ``bytes`` is a ``TypeError``."""
+    check_sequence(keys, "keys")
+    return [as_bytes(key, "key") for key in keys]
 
 
 class Store(abc.ABC):
@@ -174,8 +185,7 @@ class Store(abc.ABC):
 
     def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
         """Block until ``world_size`` callers have reached the barrier ``key``."""
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        int_argument(world_size, "world_size", 1, INT64_MAX)
         done_key = as_bytes(key, "key") + b"/done"
         if self.add(key, 1) >= world_size:
             self.set(done_key, b"1")

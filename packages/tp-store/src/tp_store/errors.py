@@ -40,6 +40,14 @@ class StoreAuthenticationError(StoreConnectionError):
     """
 
 
+class StoreFileError(StoreError, OSError):
+    """A ``FileStore``'s file cannot be opened, read or written.
+
+    Its message names the file: a missing directory, a read-only file system,
+    a symbolic link (never followed), something other than a regular file.
+    """
+
+
 class StoreLimitError(ValueError):
     """A request would take the store past one of its configured limits.
 

@@ -1,12 +1,23 @@
 """``FileStore``: a store shared by every process that opens the same file (POSIX only).
 
-The file is an append-only log in the format of PyTorch's ``FileStore``: each
-record is a key then a value, each a native-endian ``u32`` length followed by
-the bytes. User keys are stored as ``"/" + key``; a record whose key starts
-with ``"-"`` deletes the key that follows; ``refcount/`` and ``cleanup/``
-count the handles opened and closed. Queue records (which PyTorch's
-``FileStore`` does not have) use the keys ``queue-push/...`` and
-``queue-pop/...``, which PyTorch reads as ordinary internal keys.
+The file is an append-only log of records in the format of PyTorch's
+``FileStore``: each record is a key then a value, each a native-endian
+``u32`` length followed by the bytes. User keys are stored as ``"/" + key``; a
+record whose key starts with ``"-"`` deletes the key that follows;
+``refcount/`` and ``cleanup/`` count the handles opened and closed. Queue
+records (which PyTorch's ``FileStore`` does not have) use the keys
+``queue-push/...`` and ``queue-pop/...``, which PyTorch reads as ordinary
+internal keys.
+
+Every write appends one batch of records, led by a checksum record: key
+``-checksum/`` (to PyTorch, the deletion of a key nobody has, so it reads the
+file as before), value the batch's length, its CRC-32, and the CRC-32 of those
+8 bytes. Records without one (written by PyTorch, or by tp-store 0.1) are
+read unchecked. A write cut short (a crash, a full disk) leaves a torn tail,
+which the next handle to hold the exclusive lock truncates, logging a
+warning; other damage (a checksum that does not match, or a torn record
+followed by intact batches) raises ``StoreError``: no handle ever reads past
+it, so handles never disagree about the content.
 
 Every handle replays the log incrementally into memory. Readers hold a shared
 ``flock`` while replaying; writers hold an exclusive one from their replay
@@ -17,21 +28,33 @@ processes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
+import stat
 import struct
 import threading
 import time
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
-from .errors import QueueEmptyError, StoreError
-from .semantics import compare_set_result, counter_after_add, key_text, timeout_error
+from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
+from .errors import QueueEmptyError, StoreError, StoreFileError
+from .semantics import (
+    INT64_MAX,
+    compare_set_result,
+    counter_after_add,
+    int_argument,
+    key_text,
+    timeout_error,
+)
 
 _T = TypeVar("_T")
+_Record = tuple[bytes, bytes]
 
 _LENGTH = struct.Struct("=I")
 _USER = b"/"
@@ -40,41 +63,123 @@ _REFCOUNT = b"refcount/"
 _CLEANUP = b"cleanup/"
 _QUEUE_PUSH = b"queue-push/"
 _QUEUE_POP = b"queue-pop/"
+#: The key of the record leading each batch: it deletes a key nobody has.
+_CHECKSUM = b"-checksum/"
+#: Its value: the batch's length and CRC-32, then the CRC-32 of those 8 bytes,
+#: so that a damaged length is never taken for a torn batch.
+_CHECKSUM_VALUE = struct.Struct("=III")
+#: How every checksum record starts: its key, and the length of its value.
+_CHECKSUM_HEAD = _LENGTH.pack(len(_CHECKSUM)) + _CHECKSUM + _LENGTH.pack(_CHECKSUM_VALUE.size)
+_MAX_BATCH = 0xFFFFFFFF
 
 _FIRST_POLL_DELAY = 0.001
 _MAX_POLL_DELAY = 0.05
 
-
-def _encode(records: Iterable[tuple[bytes, bytes]]) -> bytes:
-    parts: list[bytes] = []
-    for record in records:
-        for field in record:
-            if len(field) > 0xFFFFFFFF:
-                raise ValueError(
-                    f"FileStore keys and values are limited to 4 GiB, got {len(field)}"
-                )
-            parts += (_LENGTH.pack(len(field)), field)
-    return b"".join(parts)
+_log = logging.getLogger(__name__)
 
 
-def _field(data: bytes, offset: int) -> tuple[bytes, int] | None:
-    """The field at ``offset`` and the offset after it, or ``None`` if incomplete."""
+def _field(data: bytes, offset: int, limit: int) -> tuple[bytes, int] | None:
+    """The field at ``offset`` and the offset after it, or ``None`` if it passes ``limit``."""
     start = offset + _LENGTH.size
-    if start > len(data):
+    if start > limit:
         return None
     (length,) = _LENGTH.unpack_from(data, offset)
     end = start + length
-    if end > len(data):
+    if end > limit:
         return None
     return data[start:end], end
 
 
-def _decode(data: bytes) -> Iterator[tuple[bytes, bytes, int]]:
-    """The complete records at the start of ``data``, each with the offset it ends at."""
+def _record_at(data: bytes, offset: int, limit: int) -> tuple[bytes, bytes, int] | None:
+    """The record at ``offset`` and the offset after it, or ``None`` if it passes ``limit``."""
+    key = _field(data, offset, limit)
+    value = None if key is None else _field(data, key[1], limit)
+    if key is None or value is None:
+        return None
+    return key[0], value[0], value[1]
+
+
+def _encode(records: Iterable[_Record]) -> bytes:
+    """One batch: its checksum record, then the records."""
+    batch = b"".join(_LENGTH.pack(len(field)) + field for record in records for field in record)
+    if len(batch) > _MAX_BATCH:
+        raise ValueError(f"one FileStore write is limited to 4 GiB, got {len(batch)} bytes")
+    info = struct.pack("=II", len(batch), zlib.crc32(batch))
+    return _CHECKSUM_HEAD + info + _LENGTH.pack(zlib.crc32(info)) + batch
+
+
+class _Damage(NamedTuple):
+    """What is wrong at ``offset`` (relative to the bytes parsed)."""
+
+    offset: int
+    problem: str
+    #: The bytes end before the record or batch does: a write cut short, if
+    #: nothing intact follows.
+    cut_short: bool
+
+
+def _batch_at(data: bytes, offset: int) -> tuple[list[_Record], int] | _Damage:
+    """The records of the batch (or of the unchecked record) at ``offset``, and its end."""
+    if not data.startswith(_CHECKSUM_HEAD, offset):
+        record = _record_at(data, offset, len(data))
+        if record is None:
+            return _Damage(offset, "a record cut short", cut_short=True)
+        key, value, end = record
+        if key == _CHECKSUM:
+            return _Damage(offset, "a malformed checksum record", cut_short=False)
+        return [(key, value)], end  # written by PyTorch or tp-store 0.1: no checksum
+    info = offset + len(_CHECKSUM_HEAD)
+    start = info + _CHECKSUM_VALUE.size
+    if start > len(data):
+        return _Damage(offset, "a checksum record cut short", cut_short=True)
+    length, checksum, own_checksum = _CHECKSUM_VALUE.unpack_from(data, info)
+    if zlib.crc32(data[info : info + 8]) != own_checksum:
+        return _Damage(offset, "a checksum record that fails its own checksum", cut_short=False)
+    end = start + length
+    if end > len(data):
+        return _Damage(offset, "a batch cut short", cut_short=True)
+    if zlib.crc32(memoryview(data)[start:end]) != checksum:
+        return _Damage(offset, "a batch whose checksum does not match", cut_short=False)
+    records: list[_Record] = []
+    while start < end:
+        inner = _record_at(data, start, end)
+        if inner is None:
+            return _Damage(offset, "a batch whose records do not fill it", cut_short=False)
+        records.append(inner[:2])
+        start = inner[2]
+    return records, end
+
+
+def _parse(data: bytes) -> tuple[list[_Record], int, _Damage | None]:
+    """The records of the intact start of ``data``, where it ends, and the damage after."""
+    records: list[_Record] = []
     offset = 0
-    while (key := _field(data, offset)) is not None and (value := _field(data, key[1])) is not None:
-        offset = value[1]
-        yield key[0], value[0], offset
+    while offset < len(data):
+        found = _batch_at(data, offset)
+        if isinstance(found, _Damage):
+            return records, offset, found
+        batch, offset = found
+        records += batch
+    return records, offset, None
+
+
+def _intact_batch_after(data: bytes, offset: int) -> bool:
+    """Whether an intact checksummed batch starts anywhere after ``offset``."""
+    position = data.find(_CHECKSUM_HEAD, offset + 1)
+    while position >= 0:
+        if not isinstance(_batch_at(data, position), _Damage):
+            return True
+        position = data.find(_CHECKSUM_HEAD, position + 1)
+    return False
+
+
+def _open_error(path: str, exc: OSError) -> StoreFileError:
+    if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+        return StoreFileError(
+            f"the FileStore file {path!r} is a symbolic link, which a FileStore never "
+            "follows (another user could point it anywhere): give the file's real path"
+        )
+    return StoreFileError(f"cannot open the FileStore file {path!r}: {exc.strerror or exc}")
 
 
 class _Log:
@@ -86,7 +191,16 @@ class _Log:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        # Owner-only (PyTorch's 0644 lets every user read the job's keys), and
+        # never through a symbolic link planted at the path.
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            self.fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise _open_error(path, exc) from exc
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise StoreFileError(f"the FileStore file {path!r} is not a regular file")
         # flock() locks belong to the open file, so threads sharing this
         # descriptor need a lock of their own.
         self.lock = threading.Lock()
@@ -106,16 +220,65 @@ class _Log:
                 return
             fcntl.flock(self.fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             try:
-                size = os.fstat(self.fd).st_size
-                self._replay(os.pread(self.fd, size - self.replayed, self.replayed))
+                if not self._catch_up(may_truncate=exclusive):
+                    # A torn tail: only the exclusive lock may cut it (flock
+                    # converts the lock; catching up again covers the gap).
+                    fcntl.flock(self.fd, fcntl.LOCK_EX)
+                    self._catch_up(may_truncate=True)
                 yield
             finally:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
 
-    def _replay(self, data: bytes) -> None:
-        """Apply the complete records of ``data``, which starts where the replay stopped."""
-        consumed = 0
-        for key, value, end in _decode(data):
+    def _catch_up(self, may_truncate: bool) -> bool:
+        """Replay what was appended since the last replay (file lock held).
+
+        Returns ``False`` when a torn tail is left for the exclusive lock to cut.
+        """
+        size = os.fstat(self.fd).st_size
+        if size < self.replayed:
+            raise StoreError(
+                f"the FileStore file {self.path!r} shrank to {size} bytes, below the "
+                f"{self.replayed} this handle has read: was it truncated or replaced?"
+            )
+        try:
+            data = os.pread(self.fd, size - self.replayed, self.replayed)
+        except OSError as exc:
+            raise StoreFileError(f"cannot read the FileStore file {self.path!r}: {exc}") from exc
+        damage = self._replay(data)
+        if damage is None:
+            return True
+        if not damage.cut_short or _intact_batch_after(data, damage.offset):
+            raise StoreError(
+                f"the FileStore file {self.path!r} is corrupt at byte {self.replayed}: "
+                f"{damage.problem}; handles read no further (remove the file to start afresh)"
+            )
+        if not may_truncate:
+            return False
+        try:
+            os.ftruncate(self.fd, self.replayed)
+        except OSError as exc:
+            raise StoreFileError(
+                f"cannot truncate the torn tail of the FileStore file {self.path!r}: {exc}"
+            ) from exc
+        _log.warning(
+            "FileStore %r: truncated a torn tail of %d bytes at byte %d (%s: a write cut "
+            "short by a crash or a full disk; it was never visible)",
+            self.path,
+            size - self.replayed,
+            self.replayed,
+            damage.problem,
+        )
+        return True
+
+    def _replay(self, data: bytes) -> _Damage | None:
+        """Apply the intact records of ``data``, which starts where the replay stopped."""
+        records, end, damage = _parse(data)
+        self._apply(records)
+        self.replayed += end
+        return damage
+
+    def _apply(self, records: Iterable[_Record]) -> None:
+        for key, value in records:
             if key.startswith(_DELETE):
                 self.values.pop(key[len(_DELETE) :], None)
             elif key.startswith(_QUEUE_PUSH):
@@ -126,16 +289,21 @@ class _Log:
                     queue.popleft()
             else:
                 self.values[key] = value
-            consumed = end
-        self.replayed += consumed
 
-    def append(self, *records: tuple[bytes, bytes]) -> None:
-        """Append ``records`` and apply them (inside ``synced(exclusive=True)``)."""
+    def append(self, *records: _Record) -> None:
+        """Append ``records`` as one batch and apply them (inside ``synced(exclusive=True)``)."""
         blob = _encode(records)
         view = memoryview(blob)
-        while view:
-            view = view[os.write(self.fd, view) :]
-        self._replay(blob)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            # What was written is a torn tail: the next exclusive lock cuts it.
+            raise StoreFileError(
+                f"cannot write to the FileStore file {self.path!r}: {exc}"
+            ) from exc
+        self._apply(records)
+        self.replayed += len(blob)
 
     def bump(self, key: bytes, amount: int) -> int:
         """Add to the counter at ``key`` (inside ``synced(exclusive=True)``)."""
@@ -175,9 +343,16 @@ class FileStore(Store):
 
     POSIX only: processes exclude each other with ``fcntl.flock``, which also
     requires a file system where ``flock`` works across the machines involved.
-    The file uses PyTorch's ``FileStore`` format and grows with every write.
     ``world_size`` is PyTorch's: once that many handles have been closed and
     none is open, the last one closing removes the file (-1: never).
+
+    The file holds PyTorch's ``FileStore`` records, each write led by a
+    checksum record that PyTorch ignores, and grows with every write. A torn
+    tail (a write cut short) is truncated, with a warning; any other damage
+    raises :class:`~tp_store.StoreError`. The file is created readable by its
+    owner only, and a symbolic link at ``file_name`` is refused: errors
+    opening, reading or writing it raise :class:`~tp_store.StoreFileError`,
+    naming it.
 
     Blocking operations poll the file: the standard library has no portable way
     to be told that another process appended to it (and inotify misses remote
@@ -195,8 +370,9 @@ class FileStore(Store):
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> None:
         super().__init__(timeout)
-        if world_size == 0 or world_size < -1:
-            raise ValueError(f"world_size must be -1 (unknown) or positive, got {world_size}")
+        world_size = int_argument(world_size, "world_size", -1, INT64_MAX)
+        if world_size == 0:
+            raise ValueError("world_size must be -1 (unknown) or positive, got 0")
         self._file_name = os.fspath(file_name)
         self._world_size = world_size
         self._log = _Log(self._file_name)
@@ -279,7 +455,7 @@ class FileStore(Store):
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         seconds = self._deadline_seconds(timeout)
         if self._poll(lambda: None if self._missing(raw_keys) else True, seconds) is None:
             missing = self._missing(raw_keys)
@@ -288,7 +464,7 @@ class FileStore(Store):
 
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key exists, without blocking."""
-        return not self._missing([as_bytes(key, "key") for key in keys])
+        return not self._missing(as_keys(keys))
 
     def delete_key(self, key: Data) -> bool:
         """Delete ``key``; return whether it existed."""

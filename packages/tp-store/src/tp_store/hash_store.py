@@ -6,7 +6,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes
+from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
 from .errors import QueueEmptyError
 from .semantics import compare_set_result, counter_after_add, key_text, timeout_error
 
@@ -102,7 +102,7 @@ class HashStore(Store):
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError`` naming the missing ones."""
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         seconds = self._deadline_seconds(timeout)
         data = self._data
         with data.lock:
@@ -111,7 +111,7 @@ class HashStore(Store):
 
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key exists, without blocking."""
-        raw_keys = [as_bytes(key, "key") for key in keys]
+        raw_keys = as_keys(keys)
         with self._data.lock:
             return all(map(self._data.exists, raw_keys))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from .base import Data, Store, Timeout, as_bytes
+from .base import Data, Store, Timeout, as_bytes, as_keys
 from .protocol import ServerStats
 from .semantics import key_text
 
@@ -50,7 +50,7 @@ class PrefixStore(Store):
         return self._key_prefix + as_bytes(key, "key")
 
     def _keys(self, keys: Sequence[Data]) -> list[bytes]:
-        return [self._key(key) for key in keys]
+        return [self._key_prefix + key for key in as_keys(keys)]
 
     def set(self, key: Data, value: Data) -> None:
         """Store ``value`` under ``key``, waking anyone waiting for it."""

@@ -16,17 +16,24 @@ A secret file's content is used as bytes, without its trailing newline.
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .protocol import check_secret
 
+_log = logging.getLogger(__name__)
+
 #: Environment variable holding the store secret itself.
 SECRET_ENV: str = "TP_STORE_SECRET"
 #: Environment variable holding the path of a file with the store secret.
 SECRET_FILE_ENV: str = "TP_STORE_SECRET_FILE"
+
+#: The largest secret file read: a secret is a few dozen bytes.
+MAX_SECRET_FILE_BYTES: int = 4096
 
 #: A file path, as the TLS and secret options take it.
 PathLike = str | os.PathLike[str]
@@ -35,15 +42,42 @@ PathLike = str | os.PathLike[str]
 def read_secret_file(path: PathLike) -> bytes:
     """The secret in the file at ``path`` (trailing line breaks dropped).
 
-    Raises ``ValueError`` naming the file when it cannot be read or is empty.
+    Raises ``ValueError`` naming the file when it cannot be read, is empty, is
+    not a regular file (``/dev/zero`` would never end) or is larger than
+    :data:`MAX_SECRET_FILE_BYTES`. Logs a warning when other users may read it.
     """
+    name = os.fspath(path)
     try:
-        with open(path, "rb") as file:
-            secret = file.read().rstrip(b"\r\n")
+        # Non-blocking, so that opening a FIFO without a writer returns at once.
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
-        raise ValueError(f"cannot read the store secret file {os.fspath(path)!r}: {exc}") from exc
+        raise ValueError(f"cannot read the store secret file {name!r}: {exc.strerror}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError(f"the store secret file {name!r} is not a regular file")
+    with open(fd, "rb") as file:
+        try:
+            content = file.read(MAX_SECRET_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"cannot read the store secret file {name!r}: {exc}") from exc
+    if len(content) > MAX_SECRET_FILE_BYTES:
+        raise ValueError(
+            f"the store secret file {name!r} is over {MAX_SECRET_FILE_BYTES} bytes: "
+            "is it the right file?"
+        )
+    secret = content.rstrip(b"\r\n")
     if not secret:
-        raise ValueError(f"the store secret file {os.fspath(path)!r} is empty")
+        raise ValueError(f"the store secret file {name!r} is empty")
+    if os.name == "posix" and mode & (stat.S_IRGRP | stat.S_IROTH):
+        readers = "every user" if mode & stat.S_IROTH else "its group"
+        _log.warning(
+            "the store secret file %r can be read by %s (mode %s): make it readable by its "
+            "owner only (chmod 600)",
+            name,
+            readers,
+            oct(stat.S_IMODE(mode)),
+        )
     return secret
 
 

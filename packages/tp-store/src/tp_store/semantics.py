@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import operator
 import re
+import reprlib
 from collections.abc import Sequence
+from typing import SupportsIndex
 
 from .errors import StoreTimeoutError
 
@@ -20,8 +22,46 @@ INT64_MAX = 2**63 - 1
 _DECIMAL = re.compile(rb"[+-]?[0-9]+")
 
 
+def int_argument(value: object, what: str, low: int = INT64_MIN, high: int = INT64_MAX) -> int:
+    """``value`` as an ``int`` in ``low..high`` (by default PyTorch's signed 64-bit range).
+
+    Raises ``TypeError`` naming ``what`` unless ``value`` is an integer (a
+    ``bool`` is refused: ``True`` is never meant as a count), and
+    ``ValueError`` naming ``what`` and the range when it is outside.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got the bool {value}")
+    if not isinstance(value, SupportsIndex):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {reprlib.repr(value)}")
+    number = operator.index(value)
+    if not low <= number <= high:
+        bounds = "the signed 64-bit range" if (low, high) == (INT64_MIN, INT64_MAX) else "range"
+        # str() of an int over 4300 digits raises: show its size instead.
+        shown = str(number) if number.bit_length() <= 256 else f"a {number.bit_length()}-bit int"
+        raise ValueError(f"{what} must be in {bounds} {low}..{high}, got {shown}")
+    return number
+
+
+def check_sequence(items: object, what: str) -> None:
+    """Raise ``TypeError`` naming ``what`` unless ``items`` is a sequence of keys or values.
+
+    A lone ``str`` or ``bytes`` is refused: it would be taken as one key per
+    character (PyTorch refuses it too).
+    """
+    if isinstance(items, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"{what} must be a list, got a single {type(items).__name__} "
+            f"{reprlib.repr(items)} (write [{reprlib.repr(items)}])"
+        )
+    if not isinstance(items, Sequence):
+        raise TypeError(f"{what} must be a list, got {type(items).__name__}")
+
+
 def check_multi_set(keys: Sequence[object], values: Sequence[object]) -> None:
-    """Raise ``ValueError`` unless ``multi_set`` got as many values as keys."""
+    """Raise ``TypeError`` unless ``multi_set`` got two lists (see :func:`check_sequence`),
+    ``ValueError`` unless they are as long."""
+    check_sequence(keys, "keys")
+    check_sequence(values, "values")
     if len(keys) != len(values):
         raise ValueError(
             f"multi_set needs as many values as keys, got {len(keys)} keys and {len(values)} values"
@@ -72,10 +112,11 @@ def parse_counter(key: bytes, value: bytes | None) -> int:
 def counter_after_add(key: bytes, value: bytes | None, amount: int) -> int:
     """The counter at ``key`` once ``amount`` is added (PyTorch's ``add``).
 
-    Raises ``TypeError`` for a non-integer amount, ``ValueError`` (naming the
-    key) for a non-integer current value and ``OverflowError`` outside int64.
+    Raises ``TypeError`` for a non-integer amount and ``ValueError`` for one
+    outside int64 (both naming ``amount``), ``ValueError`` (naming the key) for
+    a non-integer current value and ``OverflowError`` when the sum leaves int64.
     """
-    total = parse_counter(key, value) + operator.index(amount)
+    total = parse_counter(key, value) + int_argument(amount, "amount")
     if not INT64_MIN <= total <= INT64_MAX:
         raise OverflowError(f"adding {amount} to key {key_text(key)!r} leaves the int64 range")
     return total

@@ -25,7 +25,15 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, UnsupportedOperationError, as_bytes
+from .base import (
+    DEFAULT_TIMEOUT,
+    Data,
+    Store,
+    Timeout,
+    UnsupportedOperationError,
+    as_bytes,
+    as_keys,
+)
 from .errors import (
     ProtocolError,
     QueueEmptyError,
@@ -71,7 +79,7 @@ from .protocol import (
     decode_stats,
 )
 from .security import PathLike, TLSConfig, load_secret
-from .semantics import check_multi_set, timeout_error
+from .semantics import INT64_MAX, check_multi_set, int_argument, timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
 #: The counter PyTorch clients increment when they join a store with a world size.
@@ -152,8 +160,19 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("@ll", micros // 1_000_000, micros % 1_000_000)
 
 
+def _check_flags(**flags: object) -> None:
+    """Refuse a flag that is not a ``bool`` (``"no"`` would be true), naming it."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+
+
 def _user_key(key: Data) -> bytes:
     return USER_KEY_PREFIX + as_bytes(key, "key")
+
+
+def _user_keys(keys: Sequence[Data]) -> tuple[bytes, ...]:
+    return tuple(USER_KEY_PREFIX + key for key in as_keys(keys))
 
 
 class TCPStore(Store):
@@ -213,12 +232,21 @@ class TCPStore(Store):
         secret_file: PathLike | None = None,
     ) -> None:
         super().__init__(timeout)
-        if not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+        if not isinstance(host_name, str):
+            raise TypeError(f"host_name must be a str, got {type(host_name).__name__}")
+        port = int_argument(port, "port", 0, 65535)
+        if world_size is not None:
+            world_size = int_argument(world_size, "world_size", 1, INT64_MAX)
+        if master_listen_fd is not None:
+            master_listen_fd = int_argument(master_listen_fd, "master_listen_fd", 0, 2**31 - 1)
+        _check_flags(
+            is_master=is_master,
+            wait_for_workers=wait_for_workers,
+            multi_tenant=multi_tenant,
+            use_libuv=use_libuv,
+        )
         if port == 0 and not is_master:
             raise ValueError("port 0 is only valid for the master (it picks a free port)")
-        if world_size is not None and world_size < 1:
-            raise ValueError(f"world_size must be >= 1 or None, got {world_size}")
         self._host = host_name
         self._port = port
         self._world_size = world_size
@@ -587,6 +615,7 @@ class TCPStore(Store):
         return value
 
     def add(self, key: Data, amount: int) -> int:
+        amount = int_argument(amount, "amount")  # the wire's i64
         value = self._request(Add(_user_key(key), amount).encode(), ReplyKind.I64)
         assert isinstance(value, int)
         return value
@@ -598,11 +627,11 @@ class TCPStore(Store):
         return value
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
-        request = Wait(tuple(_user_key(key) for key in keys))
+        request = Wait(_user_keys(keys))
         self._blocking(request.encode(), ReplyKind.U8, 0, self._deadline_seconds(timeout), keys)
 
     def check(self, keys: Sequence[Data]) -> bool:
-        request = Check(tuple(_user_key(key) for key in keys))
+        request = Check(_user_keys(keys))
         return self._request(request.encode(), ReplyKind.U8) == CheckReply.READY
 
     def delete_key(self, key: Data) -> bool:
@@ -617,7 +646,7 @@ class TCPStore(Store):
         self._send(Append(_user_key(key), as_bytes(value)).encode())
 
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
-        user_keys = tuple(_user_key(key) for key in keys)
+        user_keys = _user_keys(keys)
         if self._extended:
             reply = self._blocking(
                 WaitGet(user_keys).encode(),
@@ -673,8 +702,7 @@ class TCPStore(Store):
         return value
 
     def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        world_size = int_argument(world_size, "world_size", 1, INT64_MAX)
         request = Barrier(_user_key(key), world_size).encode()
         self._blocking(request, ReplyKind.U8, 0, self._deadline_seconds(timeout), [key])
 

@@ -262,6 +262,45 @@ class StoreContract:
         assert results == list(range(1, processes * adds + 1))
         assert harness.store.get("counter") == str(processes * adds).encode()
 
+    @pytest.mark.parametrize("amount", ["1", b"1", 1.0, True, None])
+    def test_add_refuses_an_amount_that_is_not_an_int_naming_it(
+        self, store: Store, amount: object
+    ) -> None:
+        with pytest.raises(TypeError, match="amount"):
+            store.add("c", amount)  # type: ignore[arg-type]
+        assert not store.check(["c"])
+        assert store.add("c", 1) == 1
+
+    @pytest.mark.parametrize("amount", [2**63, -(2**63) - 1, 10**5000], ids=["max", "min", "huge"])
+    def test_add_refuses_an_amount_outside_int64_naming_the_range(
+        self, store: Store, amount: int
+    ) -> None:
+        # PyTorch's counters and the wire protocol's ADD are signed 64-bit.
+        with pytest.raises(ValueError, match="amount must be in the signed 64-bit range"):
+            store.add("c", amount)
+        assert store.add("c", 2**63 - 1) == 2**63 - 1
+
+    @pytest.mark.parametrize(
+        ("operation", "name"),
+        [
+            (lambda store: store.wait("ab"), "keys"),
+            (lambda store: store.check(b"ab"), "keys"),
+            (lambda store: store.multi_get("ab"), "keys"),
+            (lambda store: store.multi_set("ab", ["1", "2"]), "keys"),
+            (lambda store: store.multi_set(["a", "b"], "12"), "values"),
+            (lambda store: store.wait(None), "keys"),
+        ],
+        ids=["wait", "check", "multi_get", "multi_set-keys", "multi_set-values", "not-a-list"],
+    )
+    def test_a_lone_str_where_a_list_belongs_is_refused_naming_it(
+        self, store: Store, operation: Callable[[Store], object], name: str
+    ) -> None:
+        # Never one key per character.
+        store.multi_set(["a", "b"], ["x", "y"])
+        with pytest.raises(TypeError, match=f"{name} must be a list"):
+            operation(store)
+        assert [store.get("a"), store.get("b")] == [b"x", b"y"]
+
     # -- compare_set / append / delete ---------------------------------------------------
     def test_compare_set_follows_pytorch(self, store: Store) -> None:
         # Missing key, non-empty expected: nothing is stored, expected comes back.
@@ -399,6 +438,23 @@ class StoreContract:
         harness.store.barrier("gate", size, TIMEOUT)
         for caller in callers:
             caller.outcome()
+
+    @pytest.mark.parametrize(
+        ("world_size", "error"),
+        [
+            ("2", TypeError),
+            (2.0, TypeError),
+            (True, TypeError),
+            (0, ValueError),
+            (2**63, ValueError),
+        ],
+    )
+    def test_barrier_refuses_a_world_size_that_is_not_a_positive_int64_naming_it(
+        self, store: Store, world_size: object, error: type[Exception]
+    ) -> None:
+        with pytest.raises(error, match="world_size"):
+            store.barrier("gate", world_size, SHORT)  # type: ignore[arg-type]
+        assert not store.check(["gate"])
 
     def test_barrier_times_out_when_someone_is_missing(self, store: Store) -> None:
         assert_times_out(lambda: store.barrier("gate", 2, SHORT), "gate")
