@@ -24,7 +24,7 @@ from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend, _Node
 from tp_rdzv_dynamic.board import Lease, encode_message
 from tp_rdzv_dynamic.decisions import Join
 from tp_rdzv_dynamic.documents import MAX_DOCUMENT_BYTES
-from tp_rdzv_dynamic.state import OUTCOME_FORMAT, SCHEMA
+from tp_rdzv_dynamic.state import OUTCOME_FORMAT, SCHEMA, RendezvousState, encode_state
 from tp_store import TCPStore
 
 RUN = "job"
@@ -126,6 +126,15 @@ def test_a_deeply_nested_state_is_a_state_error(make_node, server):
     # The steward reports it to the waiting node instead of dying at every tick.
     with pytest.raises(RendezvousStateError, match=f"{KEYS}state"):
         handler.next_rendezvous()
+
+
+def test_a_state_listing_a_node_twice_is_reported_not_fatal_to_the_steward(make_node, server):
+    # The steward samples each member's heartbeat once: a node in two lists
+    # used to kill it at every scan.
+    twice = RendezvousState(participants={GHOST: 0}, wait_list={GHOST: None})
+    server.set(KEYS + "state", encode_state(twice))
+    with pytest.raises(RendezvousStateError, match="more than one of participants"):
+        make_node(1, 1, join=20).next_rendezvous()
 
 
 def test_a_deeply_nested_round_outcome_is_a_state_error(make_node, server):

@@ -190,6 +190,7 @@ def test_a_truncated_compressed_outcome_is_refused():
         (b'{"format":"tp-rdzv-state","participants":[[["a",1,0,0]]]}', "nests deeper"),
         (b"{" + b" " * (9 << 20) + b"}", f"more than the {MAX_DOCUMENT_BYTES} allowed"),
         (mutate(wait_list=[["n" * 1025, 1, 0]]), "wait_list[0]"),
+        (mutate(redundancy_list=[["node-a", 10, 0]]), "more than one of participants"),
     ],
 )
 def test_state_documents_are_bounded(raw, complaint):

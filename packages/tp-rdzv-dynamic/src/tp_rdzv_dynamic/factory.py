@@ -158,7 +158,11 @@ def create_store(params: RendezvousParameters) -> Store:
                 f"rendezvous config options {', '.join(sorted(security))} apply to "
                 "store_type=tcp only"
             )
-        return FileStore(params.endpoint.strip(), timeout=read_timeout)
+        path = params.endpoint.strip()
+        try:
+            return FileStore(path, timeout=read_timeout)
+        except (StoreError, OSError) as exc:
+            raise RendezvousConnectionError(f"cannot open the file store {path!r}: {exc}") from exc
     return _tcp_store(params, read_timeout, security)
 
 

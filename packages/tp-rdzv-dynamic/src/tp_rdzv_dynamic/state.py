@@ -223,6 +223,12 @@ def decode_state(raw: bytes, where: str) -> RendezvousState:
         last_order=[node for node, _ in reader.nodes("last_order")],
         epoch=reader.value("epoch", int),
     )
+    # Each node is in one list at most: the steward samples each member once.
+    listed = len(state.participants) + len(state.wait_list) + len(state.redundancy_list)
+    if len(set(state.members())) != listed:
+        raise reader.error(
+            "lists a node in more than one of participants, wait_list, redundancy_list"
+        )
     # Participants keep their ranks when others leave a completed round, so
     # the ranks may have gaps; each must still be the node's place in the
     # order the round completed with.
