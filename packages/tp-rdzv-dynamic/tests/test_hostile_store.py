@@ -9,71 +9,28 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from handler_threads import RUN, rendezvous_all
 
 from tp_rdzv_api import (
     RendezvousClosedError,
     RendezvousInfo,
     RendezvousStateError,
-    RendezvousTimeout,
 )
-from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend, _NodeDesc
+from tp_rdzv_dynamic import DynamicRendezvousHandler, _NodeDesc
 from tp_rdzv_dynamic.board import Lease, encode_message
 from tp_rdzv_dynamic.decisions import Join
 from tp_rdzv_dynamic.documents import MAX_DOCUMENT_BYTES
 from tp_rdzv_dynamic.state import OUTCOME_FORMAT, SCHEMA, RendezvousState, encode_state
 from tp_store import TCPStore
 
-RUN = "job"
 KEYS = f"tp_rdzv/{RUN}/"
 #: Deeply nested JSON: Python's parser raises RecursionError on it.
 DEEP = b"[" * 100_000 + b"]" * 100_000
 #: A join for a node that never beats (its heartbeat key never appears).
 GHOST = _NodeDesc("ghost", 1, 0)
-
-
-@pytest.fixture
-def server() -> Iterator[TCPStore]:
-    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
-    yield master
-    master.close()
-
-
-@pytest.fixture
-def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandler]]:
-    """``make_node(min, max, local_addr=..., join=...)``: a handler on its own connection."""
-    handlers: list[DynamicRendezvousHandler] = []
-
-    def make(
-        min_nodes: int, max_nodes: int, local_addr: str = "127.0.0.1", join: float = 30
-    ) -> DynamicRendezvousHandler:
-        store = TCPStore("127.0.0.1", server.port, timeout=10)
-        handler = DynamicRendezvousHandler.from_backend(
-            RUN,
-            store,
-            TpRendezvousBackend(store, RUN),
-            min_nodes,
-            max_nodes,
-            local_addr=local_addr,
-            timeout=RendezvousTimeout(join=join, last_call=0.3),
-            keep_alive_interval=0.5,
-            keep_alive_max_attempt=2,
-        )
-        handlers.append(handler)
-        return handler
-
-    yield make
-    for handler in handlers:
-        handler._stop_steward()
-        handler._stop_heartbeats()
-
-
-def rendezvous_all(handlers: list[DynamicRendezvousHandler]) -> list[RendezvousInfo]:
-    with ThreadPoolExecutor(len(handlers)) as pool:
-        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
 
 
 def steward_epoch(server: TCPStore) -> int:
