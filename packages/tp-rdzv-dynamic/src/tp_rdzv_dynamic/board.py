@@ -97,8 +97,11 @@ def decode_message(raw: bytes) -> tuple[Event | None, str | None]:
         raise ValueError("not a JSON object")
     if document.get("op") == "wake":
         return None, None
+    fields = document.get("node")
+    if not isinstance(fields, list) or len(fields) != 3:
+        raise ValueError(f"bad node {fields!r:.200}: expected [address, pid, local id]")
     try:
-        node = node_from_fields(document.get("node"))
+        node = node_from_fields(*fields)
     except ValueError as exc:
         raise ValueError(f"bad node: {exc}") from exc
     receipt = document.get("receipt")

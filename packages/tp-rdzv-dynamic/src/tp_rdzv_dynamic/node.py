@@ -47,20 +47,22 @@ class _NodeDesc:
 NodeDesc = _NodeDesc
 
 
-def node_from_fields(fields: object) -> _NodeDesc:
-    """The node of the document fields ``[addr, pid, local_id]``; ``ValueError`` if malformed."""
+def node_from_fields(addr: object, pid: object, local_id: object) -> _NodeDesc:
+    """The node a document names by ``addr, pid, local_id``; ``ValueError`` if malformed."""
+    # Plain tests, no generator: the state of a large run names thousands of nodes.
     if (
-        not isinstance(fields, list)
-        or len(fields) != 3
-        or not isinstance(fields[0], str)
-        or not 0 < len(fields[0]) <= MAX_ADDR_LENGTH
-        or any(type(item) is not int or item < 0 for item in fields[1:])
+        isinstance(addr, str)
+        and 0 < len(addr) <= MAX_ADDR_LENGTH
+        and type(pid) is int
+        and pid >= 0
+        and type(local_id) is int
+        and local_id >= 0
     ):
-        raise ValueError(
-            f"expected [address of 1 to {MAX_ADDR_LENGTH} characters, pid, local id], "
-            f"got {fields!r:.200}"
-        )
-    return _NodeDesc(fields[0], fields[1], fields[2])
+        return _NodeDesc(addr, pid, local_id)
+    raise ValueError(
+        f"expected an address of 1 to {MAX_ADDR_LENGTH} characters and two ints >= 0, "
+        f"got {[addr, pid, local_id]!r:.200}"
+    )
 
 
 def natural_key(node: _NodeDesc) -> tuple[tuple[tuple[int, int, str], ...], int, int]:

@@ -200,7 +200,7 @@ class _Reader:
             try:
                 if not isinstance(entry, list) or len(entry) != width:
                     raise ValueError(f"expected {width} fields")
-                node = node_from_fields(entry[:3])
+                node = node_from_fields(entry[0], entry[1], entry[2])
                 if extra and (type(entry[3]) is not int or entry[3] < 0):
                     raise ValueError(f"expected an int >= 0 after the node, got {entry[3]!r}")
             except ValueError as exc:
