@@ -21,7 +21,7 @@ from tp_rdzv_api import (
 )
 from tp_rdzv_dynamic import DynamicRendezvousHandler, _NodeDesc
 from tp_rdzv_dynamic.board import Lease, encode_message
-from tp_rdzv_dynamic.decisions import Join
+from tp_rdzv_dynamic.decisions import Join, Leave
 from tp_rdzv_dynamic.documents import MAX_DOCUMENT_BYTES
 from tp_rdzv_dynamic.state import OUTCOME_FORMAT, SCHEMA, RendezvousState, encode_state
 from tp_store import TCPStore
@@ -59,8 +59,9 @@ def padded_outcome(padding: int) -> bytes:
         # make the server close its connection.
         encode_message(Join(_NodeDesc("n" * 10_000, 1, 0), None, 0)),
         b'{"op":"join","node":["n\xc2\xb2",1,0],"round":' + b"9" * 5000 + b"}",
+        encode_message(Leave(GHOST), "rcpt/" + "r" * 10_000),  # too long for a key
     ],
-    ids=["unclosed", "deep", "deep-node", "huge", "long-name", "long-number"],
+    ids=["unclosed", "deep", "deep-node", "huge", "long-name", "long-number", "long-receipt"],
 )
 def test_the_steward_drops_a_hostile_message_and_the_round_completes(
     make_node, server, caplog, message
@@ -73,6 +74,16 @@ def test_the_steward_drops_a_hostile_message_and_the_round_completes(
     # have taken office at a higher epoch).
     assert steward_epoch(server) == 1
     assert "dropped a malformed mailbox message" in caplog.text
+
+
+@pytest.mark.parametrize("key", ["closed", "steward", "state"])
+def test_a_receipt_cannot_make_the_steward_write_another_key(make_node, server, key):
+    # The steward confirms a receipt by setting the key it names.
+    server.queue_push(KEYS + "mailbox", encode_message(Leave(GHOST), key))
+    infos = rendezvous_all([make_node(2, 2), make_node(2, 2)])
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert not server.check([KEYS + key]) or server.get(KEYS + key) != b"1"
+    assert not make_node(1, 1).is_closed()
 
 
 def test_a_deeply_nested_state_is_a_state_error(make_node, server):

@@ -19,7 +19,7 @@ from tp_store import QueueEmptyError, Store, StoreError, StoreTimeoutError
 
 from .decisions import Event, Join, Leave
 from .documents import MAX_MESSAGE_BYTES, load_document
-from .node import _NodeDesc, node_from_fields
+from .node import MAX_ADDR_LENGTH, _NodeDesc, node_from_fields
 from .state import RoundOutcome, decode_outcome
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,11 @@ _T = TypeVar("_T")
 
 #: The most messages the steward takes from the mailbox before deciding.
 MAX_BATCH = 4096
+#: Receipts name keys below this part of the run's keys: a message cannot make
+#: the steward write any other (``closed``, ``steward``, ``state``...).
+RECEIPT_PREFIX = "rcpt/"
+#: The longest receipt: the prefix, a node's key (address, pid, local id) and a counter.
+MAX_RECEIPT_LENGTH = len(RECEIPT_PREFIX) + MAX_ADDR_LENGTH + 64
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,15 @@ def decode_message(raw: bytes) -> tuple[Event | None, str | None]:
     except ValueError as exc:
         raise ValueError(f"bad node: {exc}") from exc
     receipt = document.get("receipt")
-    if receipt is not None and not isinstance(receipt, str):
-        raise ValueError(f"bad receipt {receipt!r:.200}")
+    if receipt is not None and not (
+        isinstance(receipt, str)
+        and receipt.startswith(RECEIPT_PREFIX)
+        and len(receipt) <= MAX_RECEIPT_LENGTH
+    ):
+        raise ValueError(
+            f"bad receipt {receipt!r:.200}: expected {RECEIPT_PREFIX!r} and at most "
+            f"{MAX_RECEIPT_LENGTH} characters"
+        )
     op = document.get("op")
     if op == "leave":
         return Leave(node), receipt

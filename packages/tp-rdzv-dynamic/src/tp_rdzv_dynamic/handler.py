@@ -32,7 +32,7 @@ from tp_rdzv_api.info import WILDCARD_HOSTS, unwrap_store
 from tp_store import PrefixStore, Store, StoreError, TCPStore
 
 from .backend import RendezvousBackend
-from .board import Lease, RendezvousBoard
+from .board import RECEIPT_PREFIX, Lease, RendezvousBoard
 from .decisions import Join, Leave
 from .events import log_event
 from .holder import _RendezvousStateHolder
@@ -470,7 +470,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Withdraw this node after its join timed out; the error to raise."""
         board = self._board
         gathered = board.pending()
-        receipt = f"rcpt/{self._node.key}/{next(_receipts)}"
+        receipt = f"{RECEIPT_PREFIX}{self._node.key}/{next(_receipts)}"
         board.post(Leave(self._node), receipt)
         grace = min(_ROLLBACK_GRACE, self._settings.timeout.close.total_seconds())
         if not board.await_receipt(receipt, grace):
