@@ -198,6 +198,14 @@ def test_state_documents_are_bounded(raw, complaint):
         decode_state(raw, WHERE)
 
 
+def test_many_escaped_quotes_are_read_in_linear_time():
+    # One unterminated string of 2 MiB of \": a pattern that matched strings
+    # with their escapes took quadratic time (hours) on it.
+    raw = b'{"a":"' + b'\\"' * (1 << 20)
+    with pytest.raises(RendezvousStateError, match="is not JSON"):
+        decode_state(raw, WHERE)
+
+
 def test_brackets_in_names_do_not_count_as_nesting():
     state = sample()
     odd = _NodeDesc('[[[[{"x\\"]]]]', 1, 0)
