@@ -485,7 +485,8 @@ class EtcdStore(Store):
                     line, pending = pending.split(b"\n", 1)
                     if not line.strip():
                         continue
-                    result = json.loads(line).get("result")
+                    answer = json.loads(line)
+                    result = answer.get("result") if isinstance(answer, dict) else None
                     if not isinstance(result, dict) or result.get("canceled"):
                         return []  # an error, a compaction, a member without a leader
                     events = result.get("events")
@@ -493,7 +494,7 @@ class EtcdStore(Store):
                         return list(events)
         except ReadTimeoutError:
             return None if time.monotonic() >= deadline - 0.01 else []
-        except (HTTPError, OSError, ValueError):
+        except (HTTPError, OSError, ValueError, RecursionError):
             return []
         finally:
             response.close()
