@@ -232,6 +232,23 @@ def test_get_as_int_rejects(value: object) -> None:
         make(n=value).get_as_int("n")
 
 
+@pytest.mark.parametrize("value", ["9" * 5000, "-" + "1" * 101])
+def test_an_over_long_integer_names_the_option(value: str) -> None:
+    # Not Python's "Exceeds the limit (4300 digits)", which names nothing.
+    with pytest.raises(ValueError, match=r"option 'n' must be an integer of at most 100 digits"):
+        make(n=value).get_as_int("n")
+
+
+def test_leading_zeros_do_not_count_as_digits() -> None:
+    assert make(n="0" * 200 + "42").get_as_int("n") == 42
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "1e999"])
+def test_an_over_long_duration_names_the_option(value: str) -> None:
+    with pytest.raises(ValueError, match=r"option 'join_timeout' is too large"):
+        _ = make(join_timeout=value).timeout
+
+
 @pytest.mark.parametrize("default", [None, 0, 9])
 def test_get_as_int_missing_gives_default(default: int | None) -> None:
     assert make().get_as_int("n", default) == default

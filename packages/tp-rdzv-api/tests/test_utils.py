@@ -53,6 +53,7 @@ def test_accepted_endpoints(endpoint: str | None, expected: tuple[str, int]) -> 
         ("host:8.0", "the port '8.0' is not a number"),
         ("host:65536", "the port 65536 is out of range 0..65535"),
         ("host:99999999999", "out of range 0..65535"),
+        ("host:" + "9" * 5000, "out of range 0..65535"),  # not int()'s digit-limit message
         (":80", "the host is empty"),
         ("ho st:80", "the host 'ho st' may only contain letters, digits"),
         ("host/path:80", "may only contain letters, digits"),

@@ -9,12 +9,16 @@ import socket
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any
 
 import jsonschema
 import pytest
 from cli_support import Command, one_line_error, run_tp_rdzv, unique_run_id
+
+from tp_rdzv_api import RendezvousParameters, create_handler
+from tp_store import TCPStore
 
 #: Quick liveness so the tests that wait for a change do not wait long.
 FAST = "keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=0.5"
@@ -251,6 +255,24 @@ JOIN = "join --endpoint h:1 --run-id r --min 1 --max 1"
         ("status --endpoint h:1", "--run-id"),
         ("status --endpoint h:1 --run-id r --timeout 0", "--timeout"),
         ("demo --nodes 2 --kill 2", "--kill"),
+        ("demo --timeout nan", "--timeout"),
+        ("demo --timeout inf", "--timeout"),
+        ("demo --nodes 0", "--nodes"),
+        ("demo --nodes 100000", "--nodes"),
+        ("demo --kill -1", "--kill"),
+        ("status --endpoint h:1 --run-id r --watch --interval nan", "--interval"),
+        ("status --endpoint h:1 --run-id r --watch --interval inf", "--interval"),
+        ("status --endpoint h:1 --run-id r --watch --interval -1", "--interval"),
+        ("status --endpoint h:1 --run-id r --timeout inf", "--timeout"),
+        ("close --endpoint h:1 --run-id r --timeout nan", "--timeout"),
+        ("store --port 0 --metrics-port 99999", "--metrics-port"),
+        ("store --port 0 --metrics-port -1", "--metrics-port"),
+        (f"store --port 0 --metrics-port {'9' * 5000}", "--metrics-port"),
+        (f"join --endpoint h:1 --run-id r --min {'9' * 5000} --max 2", "--min"),
+        ("join --endpoint h:1 --run-id r --min 1 --max 0", "--max"),
+        (f"{JOIN} --config keep_alive_max_attempt={'9' * 5000}", "keep_alive_max_attempt"),
+        (f"{JOIN} --config join_timeout={'9' * 5000}", "join_timeout"),
+        ("join --endpoint h:1 --run-id 'bad id' --min 1 --max 1", "run_id"),
         ("store --port 70000", "port"),
         ("frobnicate", "invalid choice"),
         ("", "required: COMMAND"),
@@ -267,6 +289,51 @@ def test_an_unreachable_store_gives_one_line_and_exit_3(command):
     endpoint = f"127.0.0.1:{_free_port()}"
     result = run_tp_rdzv(command, "--endpoint", endpoint, "--run-id", "r", "--timeout", "1")
     assert endpoint in one_line_error(result, 3)
+
+
+@pytest.mark.parametrize("command", ["join --min 1 --max 1", "status", "close"])
+def test_a_file_store_that_cannot_be_opened_gives_one_line_and_exit_3(tmp_path, command):
+    missing = tmp_path / "no-such-directory" / "store"
+    result = run_tp_rdzv(
+        *shlex.split(command),
+        "--endpoint",
+        str(missing),
+        "--run-id",
+        "r",
+        "--config",
+        "store_type=file",
+    )
+    assert str(missing) in one_line_error(result, 3)
+
+
+def test_status_shows_node_names_literally_not_as_markup(tmp_path):
+    # A node may be named anything; "[/]x" is a closing tag to rich markup.
+    names = ["[/]x", "[bold]y[/bold]", "[link=http://z]z"]
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=30)
+    handlers = []
+    try:
+        endpoint = f"127.0.0.1:{store.port}"
+        for name in names:
+            params = RendezvousParameters(
+                "core",
+                endpoint,
+                "markup",
+                min_nodes=3,
+                max_nodes=3,
+                local_addr=name,
+                config={"is_host": False, "last_call_timeout": 0.5},
+            )
+            handlers.append(create_handler(params))
+        with ThreadPoolExecutor(len(handlers)) as pool:
+            list(pool.map(lambda handler: handler.next_rendezvous(), handlers))
+        result = run_tp_rdzv("status", "--endpoint", endpoint, "--run-id", "markup")
+        assert result.returncode == 0, result.stderr
+        for handler in handlers:
+            assert str(handler.node) in result.stdout
+    finally:
+        for handler in handlers:
+            handler.shutdown()
+        store.close()
 
 
 def test_store_status_of_an_unreachable_store_exits_3():

@@ -6,6 +6,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,10 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 import dynamic_node  # noqa: E402
+from handler_threads import make_handler  # noqa: E402
+
+from tp_rdzv_dynamic import DynamicRendezvousHandler  # noqa: E402
+from tp_store import TCPStore  # noqa: E402
 
 
 def _free_port() -> int:
@@ -41,3 +46,31 @@ def spawn_node() -> Iterator[Callable[..., dynamic_node.NodeProcess]]:
     fleet = dynamic_node.NodeFleet()
     yield fleet.spawn
     fleet.close()
+
+
+@pytest.fixture
+def server() -> Iterator[TCPStore]:
+    """A real TCPStore server on loopback."""
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
+    yield master
+    master.close()
+
+
+@pytest.fixture
+def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandler]]:
+    """``make_node(min, max, **options)``: a handler on its own connection to ``server``.
+
+    The options are :func:`handler_threads.make_handler`'s; every handler's
+    threads are stopped after the test.
+    """
+    handlers: list[DynamicRendezvousHandler] = []
+
+    def make(*args: Any, **kwargs: Any) -> DynamicRendezvousHandler:
+        handler = make_handler(server.port, *args, **kwargs)
+        handlers.append(handler)
+        return handler
+
+    yield make
+    for handler in handlers:
+        handler._stop_steward()
+        handler._stop_heartbeats()

@@ -275,6 +275,16 @@ def test_natural_order_of_addresses():
     assert [n.addr for n in assign_ranks(nodes, {}, [])] == ["node1", "node2", "Node3", "node10"]
 
 
+def test_natural_order_counts_only_ascii_digits_as_numbers():
+    # "²" and "٣" are digits to str.isdigit() but not numbers here; a run of
+    # 5000 digits is too long for int() yet still orders by value.
+    long_run = "n" + "9" * 5000
+    names = [long_run, "node1\N{SUPERSCRIPT TWO}", "n010", "node2", "n9", "node\u0663", "n"]
+    nodes = [node(name) for name in names]
+    expected = ["n", "n9", "n010", long_run, "node1\N{SUPERSCRIPT TWO}", "node2", "node\u0663"]
+    assert [n.addr for n in assign_ranks(nodes, {}, [])] == expected
+
+
 def test_natural_order_then_pid_then_local_id():
     nodes = [node("h", 20, 1), node("h", 3, 5), node("h", 20, 0), node("h", 100, 0)]
     expected = [node("h", 3, 5), node("h", 20, 0), node("h", 20, 1), node("h", 100, 0)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from tp_rdzv_api import (
@@ -130,3 +132,28 @@ def test_settings_from_config_strings():
 )
 def test_is_local_address(host, local):
     assert is_local_address(host) is local
+
+
+@pytest.mark.parametrize("config", [{"is_host": True}, {"is_host": False, "read_timeout": 30}])
+def test_the_run_id_is_checked_before_any_store_is_hosted_or_reached(config):
+    # Port taken by a plain listener: hosting would fail, and reaching it would
+    # wait for a store handshake that never comes; neither may happen first.
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        bad = RendezvousParameters("core", endpoint, "job 1", config=config)
+        with pytest.raises(ValueError, match="run_id must be a non-empty string of letters"):
+            create_handler(bad)
+
+
+def test_the_run_id_is_checked_before_a_file_store_is_created(tmp_path):
+    path = tmp_path / "store"
+    bad = RendezvousParameters("core", str(path), "../job", config={"store_type": "file"})
+    with pytest.raises(ValueError, match="run_id"):
+        create_handler(bad)
+    assert not path.exists()
+
+
+def test_a_liveness_bound_too_long_for_a_timedelta_names_the_options():
+    huge = params("core", "127.0.0.1:1", keep_alive_max_attempt=str(10**30))
+    with pytest.raises(ValueError, match="keep_alive_interval x keep_alive_max_attempt"):
+        settings_from(huge)

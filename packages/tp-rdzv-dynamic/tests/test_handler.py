@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from handler_threads import RUN, rendezvous_all, wait_until
 
 from tp_rdzv_api import (
     RendezvousClosedError,
@@ -28,61 +28,6 @@ from tp_rdzv_dynamic import (
 )
 from tp_rdzv_dynamic.state import decode_state
 from tp_store import PrefixStore, TCPStore
-
-RUN = "job"
-
-
-@pytest.fixture
-def server() -> Iterator[TCPStore]:
-    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
-    yield master
-    master.close()
-
-
-@pytest.fixture
-def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandler]]:
-    """``make_node(min, max, **timeouts)``: a handler on its own store connection."""
-    handlers: list[DynamicRendezvousHandler] = []
-
-    def make(  # noqa: PLR0917 - a test helper, read at each call site
-        min_nodes: int,
-        max_nodes: int,
-        join: float = 30,
-        last_call: float = 0.3,
-        interval: float = 0.5,
-        backend: type = TpRendezvousBackend,
-    ) -> DynamicRendezvousHandler:
-        store = TCPStore("127.0.0.1", server.port, timeout=10)
-        handler = DynamicRendezvousHandler.from_backend(
-            RUN,
-            store,
-            backend(store, RUN),
-            min_nodes,
-            max_nodes,
-            local_addr="127.0.0.1",
-            timeout=RendezvousTimeout(join=join, last_call=last_call),
-            keep_alive_interval=interval,
-            keep_alive_max_attempt=2,
-        )
-        handlers.append(handler)
-        return handler
-
-    yield make
-    for handler in handlers:
-        handler._stop_steward()
-        handler._stop_heartbeats()
-
-
-def rendezvous_all(handlers: list[DynamicRendezvousHandler]) -> list[RendezvousInfo]:
-    with ThreadPoolExecutor(len(handlers)) as pool:
-        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_three_nodes_agree(make_node, server):

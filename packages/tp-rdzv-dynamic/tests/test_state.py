@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import zlib
 
 import pytest
 
 from tp_rdzv_api import RendezvousStateError
+from tp_rdzv_dynamic.documents import MAX_DOCUMENT_BYTES
 from tp_rdzv_dynamic.node import _NodeDesc
 from tp_rdzv_dynamic.state import (
     RendezvousState,
@@ -160,10 +162,55 @@ def test_large_outcomes_travel_compressed():
     assert decode_outcome(raw, "key 'result/0'").participants == tuple(nodes)
 
 
-def test_a_compression_bomb_is_refused():
-    bomb = zlib.compress(b"{" + b" " * (300 << 20))
-    with pytest.raises(RendezvousStateError, match="inflates to more than"):
+def test_a_compression_bomb_is_refused_after_inflating_no_more_than_the_bound():
+    # ~254 KB that would inflate to 256 MiB: refused once past the store's
+    # largest value (a document no steward writes), not at 256 MiB.
+    deflater = zlib.compressobj(9)
+    spaces = b" " * (1 << 20)
+    bomb = b"".join([deflater.compress(b"{"), *(deflater.compress(spaces) for _ in range(256))])
+    bomb += deflater.flush()
+    assert len(bomb) < 300_000
+    with pytest.raises(RendezvousStateError, match=f"inflates to more than {MAX_DOCUMENT_BYTES} "):
         decode_outcome(bomb, "key 'result/9'")
+    assert MAX_DOCUMENT_BYTES == 8 << 20
+
+
+def test_a_truncated_compressed_outcome_is_refused():
+    raw = encode_outcome(RendezvousState(complete=True, participants={A: 0}, last_order=[A]))
+    packed = zlib.compress(raw + b" " * 5000)
+    with pytest.raises(RendezvousStateError, match="truncated"):
+        decode_outcome(packed[: len(packed) // 2], "key 'result/9'")
+
+
+@pytest.mark.parametrize(
+    ("raw", "complaint"),
+    [
+        (b"[" * 100_000, "brackets do not pair"),
+        (b"[" * 5000 + b"]" * 5000, "nests deeper than 3 levels"),
+        (b'{"format":"tp-rdzv-state","participants":[[["a",1,0,0]]]}', "nests deeper"),
+        (b"{" + b" " * (9 << 20) + b"}", f"more than the {MAX_DOCUMENT_BYTES} allowed"),
+        (mutate(wait_list=[["n" * 1025, 1, 0]]), "wait_list[0]"),
+        (mutate(redundancy_list=[["node-a", 10, 0]]), "more than one of participants"),
+    ],
+)
+def test_state_documents_are_bounded(raw, complaint):
+    with pytest.raises(RendezvousStateError, match=re.escape(complaint)):
+        decode_state(raw, WHERE)
+
+
+def test_many_escaped_quotes_are_read_in_linear_time():
+    # One unterminated string of 2 MiB of \": a pattern that matched strings
+    # with their escapes took quadratic time (hours) on it.
+    raw = b'{"a":"' + b'\\"' * (1 << 20)
+    with pytest.raises(RendezvousStateError, match="is not JSON"):
+        decode_state(raw, WHERE)
+
+
+def test_brackets_in_names_do_not_count_as_nesting():
+    state = sample()
+    odd = _NodeDesc('[[[[{"x\\"]]]]', 1, 0)
+    state.wait_list = {odd: None}
+    assert decode_state(encode_state(state), WHERE).wait_list == {odd: None}
 
 
 def test_corrupt_compressed_outcome():

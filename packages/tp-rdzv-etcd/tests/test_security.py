@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -460,3 +461,78 @@ def test_a_rendezvous_over_tls_with_client_certificates_and_a_password(
         # Only once every node is through: a shutdown closes the rendezvous for all.
         for handler in handlers:
             handler.shutdown()
+
+
+# -- passwords over plain http ------------------------------------------------------------
+def _plain_http_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == logging.WARNING and "over plain http" in record.getMessage()
+    ]
+
+
+def test_a_password_over_plain_http_is_warned_about_once_per_store(
+    auth_etcd: tuple[LocalEtcd, Admin], caplog: pytest.LogCaptureFixture
+) -> None:
+    etcd, _ = auth_etcd
+    caplog.set_level(logging.WARNING, logger="tp_rdzv_etcd")
+    with EtcdStore(etcd.endpoints, _prefix(), timeout=30, user=USER, password=PASSWORD) as store:
+        (warning,) = _plain_http_warnings(caplog)
+        assert USER in warning
+        assert etcd.endpoints.split(",")[0] in warning
+        assert PASSWORD not in warning
+        with store.clone() as twin:
+            twin.set("k", "v")
+        assert len(_plain_http_warnings(caplog)) == 1
+
+
+def test_no_warning_without_a_password_or_over_https(
+    auth_etcd: tuple[LocalEtcd, Admin],
+    tls_etcd: LocalEtcd,
+    pki: Pki,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    etcd, _ = auth_etcd
+    caplog.set_level(logging.WARNING, logger="tp_rdzv_etcd")
+    EtcdStore(etcd.endpoints, _prefix(), timeout=30).close()
+    https = EtcdStore(
+        tls_etcd.endpoints, _prefix(), timeout=30, cacert=str(pki.ca), user=USER, password=PASSWORD
+    )
+    https.close()
+    assert _plain_http_warnings(caplog) == []
+
+
+def test_a_rendezvous_with_a_password_over_http_warns_once_per_handler(
+    auth_etcd: tuple[LocalEtcd, Admin],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    etcd, _ = auth_etcd
+    monkeypatch.setenv(USER_ENV, USER)
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    caplog.set_level(logging.WARNING, logger="tp_rdzv_etcd")
+    handlers = [
+        create_handler(
+            RendezvousParameters(
+                "etcd",
+                etcd.endpoints,
+                f"plain-{uuid.uuid4().hex[:8]}-{index}",
+                1,
+                1,
+                local_addr="127.0.0.1",
+                etcd_prefix=RUN_PREFIX.rstrip("/"),
+                read_timeout=30,
+            )
+        )
+        for index in range(2)
+    ]
+    try:
+        for handler in handlers:
+            # The steward's and the watcher's handles are clones: no more warnings.
+            assert handler.next_rendezvous().world_size == 1
+            handler.wait_for_change(0.1)
+    finally:
+        for handler in handlers:
+            handler.shutdown()
+    assert len(_plain_http_warnings(caplog)) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from tp_rdzv_etcd import EtcdStore, parse_endpoints
 from tp_rdzv_etcd.endpoints import Endpoint
 from tp_rdzv_etcd.factory import PASSWORD_ENV, USER_ENV, create_store
 from tp_rdzv_etcd.layout import KeyLayout, escape, range_end, unescape
+from tp_store import StoreError
 
 
 def test_endpoints_take_urls_and_host_ports() -> None:
@@ -101,3 +104,35 @@ def test_store_rejects_half_configurations() -> None:
         EtcdStore("a", cert="c.pem")
     with pytest.raises(ValueError, match="password"):
         EtcdStore("a", user="alice")
+
+
+class _DeepJsonHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every request with deeply nested JSON, as no etcd member would."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b"[" * 100_000
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+def test_deeply_nested_json_in_place_of_etcd_is_a_store_error() -> None:
+    # Over plain http anyone on the path may answer in etcd's place.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DeepJsonHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with EtcdStore(f"127.0.0.1:{server.server_port}", "/p/", timeout=5) as store:
+            with pytest.raises(StoreError, match="non-JSON"):
+                store.set("k", "v")
+            with pytest.raises(StoreError, match="non-JSON"):
+                store.check(["k"])
+    finally:
+        server.shutdown()
+        server.server_close()

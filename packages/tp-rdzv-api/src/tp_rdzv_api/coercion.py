@@ -6,6 +6,7 @@ command line points at the flag to fix.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -17,6 +18,9 @@ TRUE_STRINGS = frozenset({"1", "true", "t", "yes", "y"})
 FALSE_STRINGS = frozenset({"0", "false", "f", "no", "n"})
 
 _INT = re.compile(r"[+-]?[0-9]+")
+#: Digits an integer option may have: more than any count or size needs, and
+#: far fewer than Python's int() refuses (4300), so the message names the option.
+MAX_INT_DIGITS = 100
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
@@ -48,14 +52,20 @@ def to_int(key: str, value: object) -> int:
     """``value`` of option ``key`` as an ``int``.
 
     Accepted: ints (not ``bool``) and strings of an optionally signed decimal
-    integer, surrounding whitespace ignored. Anything else (floats included)
-    is a ``ValueError``.
+    integer of at most :data:`MAX_INT_DIGITS` digits, surrounding whitespace
+    ignored. Anything else (floats included) is a ``ValueError``.
     """
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and _INT.fullmatch(value.strip()):
-        return int(value.strip())
-    raise ValueError(f"rendezvous config option {key!r} must be an integer, got {value!r}")
+        text = value.strip()
+        if len(text.lstrip("+-").lstrip("0")) > MAX_INT_DIGITS:
+            raise ValueError(
+                f"rendezvous config option {key!r} must be an integer of at most "
+                f"{MAX_INT_DIGITS} digits, got one of {len(text)} characters"
+            )
+        return int(text)
+    raise ValueError(f"rendezvous config option {key!r} must be an integer, got {value!r:.200}")
 
 
 def to_seconds(key: str, value: object) -> timedelta:
@@ -69,8 +79,13 @@ def to_seconds(key: str, value: object) -> timedelta:
     if isinstance(value, str):
         text = value.strip()
         if not _NUMBER.fullmatch(text):
-            raise ValueError(f"{what} must be a number of seconds, got {value!r}")
-        if float(text) <= 0:
+            raise ValueError(f"{what} must be a number of seconds, got {value!r:.200}")
+        seconds = float(text)
+        if seconds <= 0:
             raise ValueError(f"{what} must be positive, got {value!r}")
-        return positive_timedelta(float(text), what)
+        if not math.isfinite(seconds):
+            # float() makes inf of "1e999" or 5000 digits: quote what was given.
+            shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+            raise ValueError(f"{what} is too large a number of seconds: {shown}")
+        return positive_timedelta(seconds, what)
     return positive_timedelta(value, what)

@@ -153,7 +153,8 @@ class RendezvousStoreInfo:
         except (UnicodeDecodeError, ValueError, TypeError) as exc:
             raise RendezvousStateError(
                 f"the bootstrap store address published by rank 0 is malformed: "
-                f"{cls.MASTER_ADDR_KEY}={raw_addr!r}, {cls.MASTER_PORT_KEY}={raw_port!r} ({exc})"
+                f"{cls.MASTER_ADDR_KEY}={raw_addr!r:.200}, "
+                f"{cls.MASTER_PORT_KEY}={raw_port!r:.200} ({exc})"
             ) from exc
 
     def __eq__(self, other: object) -> bool:

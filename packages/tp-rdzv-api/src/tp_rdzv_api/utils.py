@@ -23,11 +23,11 @@ def _parse_port(endpoint: str, text: str) -> int:
     if not text:
         _fail(endpoint, "the port after ':' is empty")
     if not _DIGITS.fullmatch(text):
-        _fail(endpoint, f"the port {text!r} is not a number")
-    port = int(text)
-    if port > 65535:
-        _fail(endpoint, f"the port {port} is out of range 0..65535")
-    return port
+        _fail(endpoint, f"the port {text!r:.40} is not a number")
+    # Compared as text first: int() refuses more than 4300 digits with its own message.
+    if len(text.lstrip("0")) > 5 or int(text) > 65535:
+        _fail(endpoint, f"the port {text:.40} is out of range 0..65535")
+    return int(text)
 
 
 def _is_ipv6(text: str) -> bool:

@@ -14,8 +14,10 @@ from tp_rdzv_api import (
 )
 from tp_rdzv_api.utils import parse_rendezvous_config
 from tp_rdzv_dynamic import DynamicRendezvousHandler
+from tp_store import StoreError
 
 from .errors import CommandError, ExitCode
+from .options import positive_seconds
 
 DEFAULT_BACKEND = "core"
 
@@ -46,6 +48,9 @@ def rendezvous_errors() -> Iterator[None]:
         yield
     except RendezvousConnectionError as exc:
         raise CommandError(str(exc), ExitCode.UNREACHABLE) from exc
+    except (OSError, StoreError) as exc:
+        # A store that could not be opened (a file store on a missing path...).
+        raise CommandError(f"cannot open the store: {exc}", ExitCode.UNREACHABLE) from exc
     except RendezvousError as exc:
         raise CommandError(f"{type(exc).__name__}: {exc}", ExitCode.FAILED) from exc
     except (ValueError, TypeError, KeyError) as exc:
@@ -93,14 +98,7 @@ def add_observer_arguments(parser: argparse.ArgumentParser) -> None:
     """``--timeout``, for commands that only look at or close a rendezvous."""
     parser.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=5.0,
         help="seconds to wait for the store before giving up (default 5)",
     )
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value

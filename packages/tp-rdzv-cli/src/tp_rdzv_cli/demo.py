@@ -35,6 +35,7 @@ from tp_store import TCPStore
 
 from .connect import rendezvous_errors
 from .errors import CommandError, ExitCode
+from .options import integer, positive_seconds
 
 EXAMPLES = """examples:
   tp-rdzv demo                     # 4 nodes, kill 1
@@ -54,6 +55,8 @@ NODE_CONFIG = {
     "is_host": False,
 }
 RUN_ID = "demo"
+#: The most node processes a demo starts (each is a Python interpreter).
+MAX_DEMO_NODES = 64
 BACKENDS = ("core", "etcd")
 
 
@@ -109,13 +112,26 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         "and watch the survivors re-form.",
         epilog=EXAMPLES,
     )
-    parser.add_argument("--nodes", type=int, default=4, help="node processes (default 4)")
-    parser.add_argument("--kill", type=int, default=1, help="nodes to kill -9 (default 1)")
+    parser.add_argument(
+        "--nodes",
+        type=integer(1, MAX_DEMO_NODES),
+        default=4,
+        help=f"node processes, at most {MAX_DEMO_NODES} (default 4)",
+    )
+    parser.add_argument(
+        "--kill",
+        type=integer(0, MAX_DEMO_NODES - 1),
+        default=1,
+        help="nodes to kill -9 (default 1)",
+    )
     parser.add_argument(
         "--backend", default="core", choices=BACKENDS, help="core (default) or etcd"
     )
     parser.add_argument(
-        "--timeout", type=float, default=120.0, help="give up after this many seconds (120)"
+        "--timeout",
+        type=positive_seconds,
+        default=120.0,
+        help="give up after this many seconds (120)",
     )
     parser.add_argument("--json", action="store_true", help="print only the summary, as JSON")
     parser.set_defaults(run=run)
@@ -420,15 +436,11 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 when every step went as expected."""
-    if args.nodes < 1:
-        raise CommandError(f"--nodes must be >= 1, got {args.nodes}", ExitCode.USAGE)
-    if not 0 <= args.kill < args.nodes:
+    if args.kill >= args.nodes:
         raise CommandError(
             f"--kill must be between 0 and --nodes - 1 ({args.nodes - 1}), got {args.kill}",
             ExitCode.USAGE,
         )
-    if args.timeout <= 0:
-        raise CommandError(f"--timeout must be positive, got {args.timeout}", ExitCode.USAGE)
     console = Console()
     demo = Demo(args, console)
     if args.json:

@@ -18,6 +18,7 @@ from tp_rdzv_api import RendezvousClosedError, RendezvousGracefulExitError, Rend
 
 from .connect import add_rendezvous_arguments, open_handler, rendezvous_errors
 from .errors import ExitCode
+from .options import MAX_NODES, integer
 
 EXAMPLES = """examples:
   tp-rdzv join --endpoint 127.0.0.1:29400 --run-id job1 --min 2 --max 4
@@ -42,8 +43,9 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         epilog=EXAMPLES,
     )
     add_rendezvous_arguments(parser)
-    parser.add_argument("--min", type=int, required=True, dest="min_nodes", help="min nodes")
-    parser.add_argument("--max", type=int, required=True, dest="max_nodes", help="max nodes")
+    nodes = integer(1, MAX_NODES)
+    parser.add_argument("--min", type=nodes, required=True, dest="min_nodes", help="min nodes")
+    parser.add_argument("--max", type=nodes, required=True, dest="max_nodes", help="max nodes")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(run=run)
 

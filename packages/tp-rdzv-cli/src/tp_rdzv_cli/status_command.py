@@ -25,6 +25,7 @@ from .connect import (
     rendezvous_errors,
 )
 from .errors import CommandError, ExitCode
+from .options import positive_seconds
 from .stop import StopSignals
 
 EXAMPLES = """examples:
@@ -55,7 +56,10 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
         "--watch", action="store_true", help="refresh until Ctrl-C (SIGINT) or SIGTERM"
     )
     parser.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
+        "--interval",
+        type=positive_seconds,
+        default=1.0,
+        help="seconds between refreshes (default 1)",
     )
     parser.add_argument(
         "--store", action="store_true", help="show the store server's counters instead"
@@ -65,8 +69,6 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
 
 def run(args: argparse.Namespace) -> int:
     """Show the status once, or until interrupted with ``--watch``."""
-    if args.interval <= 0:
-        raise CommandError(f"--interval must be positive, got {args.interval}", ExitCode.USAGE)
     if args.store:
         read = _store_reader(args)
     elif not args.run_id:
@@ -131,7 +133,7 @@ def _store_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         )
     except ValueError as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
-    except StoreError as exc:
+    except (StoreError, OSError) as exc:
         raise CommandError(
             f"cannot reach the store at {args.endpoint}: {exc}", ExitCode.UNREACHABLE
         ) from exc
@@ -184,7 +186,8 @@ def _node_table(title: str, nodes: list[dict[str, Any]]) -> Table:
     table.add_column("last heartbeat", justify="right")
     for node in nodes:
         rank = node["rank"]
-        table.add_row("-" if rank is None else str(rank), node["node"], _age(node))
+        # Text, not markup: a node may be named "[/]x".
+        table.add_row("-" if rank is None else str(rank), Text(node["node"]), _age(node))
     return table
 
 
@@ -194,8 +197,8 @@ def _store_table(document: dict[str, Any]) -> RenderableType:
     table.add_column("value", justify="right")
     for name, value in document.items():
         if name != "ops":
-            table.add_row(name, str(value))
+            table.add_row(Text(name), Text(str(value)))
     busy = {op: count for op, count in document.get("ops", {}).items() if count}
     for op, count in sorted(busy.items(), key=lambda item: -item[1]):
-        table.add_row(f"ops.{op}", str(count))
+        table.add_row(Text(f"ops.{op}"), Text(str(count)))
     return table

@@ -11,6 +11,7 @@ from tp_store.__main__ import add_server_arguments, serve, server_from_arguments
 from tp_store.server import StoreServer
 
 from .errors import CommandError, ExitCode
+from .options import port
 
 EXAMPLES = """examples:
   tp-rdzv store --port 29400                   # on loopback
@@ -39,7 +40,7 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     add_server_arguments(parser)
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=None,
         help="serve Prometheus metrics on this port (needs tp-rdzv-cli[metrics])",
     )

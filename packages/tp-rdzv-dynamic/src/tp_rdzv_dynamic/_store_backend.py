@@ -27,7 +27,7 @@ def check_run_id(run_id: object, owner: str) -> str:
     if _RUN_ID.fullmatch(run_id) is None:
         raise ValueError(
             f"{owner} run_id must be a non-empty string of letters, digits, '.', '_' "
-            f"and '-' (it becomes part of store keys), got {run_id!r}"
+            f"and '-' (it becomes part of store keys), got {run_id!r:.200}"
         )
     return run_id
 

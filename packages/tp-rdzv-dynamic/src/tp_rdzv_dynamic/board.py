@@ -18,7 +18,8 @@ from tp_rdzv_api import RendezvousConnectionError
 from tp_store import QueueEmptyError, Store, StoreError, StoreTimeoutError
 
 from .decisions import Event, Join, Leave
-from .node import _NodeDesc
+from .documents import MAX_MESSAGE_BYTES, load_document
+from .node import MAX_ADDR_LENGTH, _NodeDesc, node_from_fields
 from .state import RoundOutcome, decode_outcome
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,11 @@ _T = TypeVar("_T")
 
 #: The most messages the steward takes from the mailbox before deciding.
 MAX_BATCH = 4096
+#: Receipts name keys below this part of the run's keys: a message cannot make
+#: the steward write any other (``closed``, ``steward``, ``state``...).
+RECEIPT_PREFIX = "rcpt/"
+#: The longest receipt: the prefix, a node's key (address, pid, local id) and a counter.
+MAX_RECEIPT_LENGTH = len(RECEIPT_PREFIX) + MAX_ADDR_LENGTH + 64
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,14 @@ class Lease:
 
     @classmethod
     def parse(cls, raw: bytes) -> Lease:
-        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0, round 0."""
+        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0, round 0.
+
+        So does a lease longer than :data:`~.documents.MAX_MESSAGE_BYTES`
+        (no steward writes one): what a store writer put there costs no more
+        to read than a real lease.
+        """
+        if len(raw) > MAX_MESSAGE_BYTES:
+            return cls(raw, 0, "")
         parts = raw.split(b" ")
         if len(parts) != 4:
             return cls(raw, 0, "")
@@ -81,37 +94,42 @@ def encode_message(event: Event, receipt: str | None = None) -> bytes:
 def decode_message(raw: bytes) -> tuple[Event | None, str | None]:
     """The event (``None`` for a wake-up) and receipt in a mailbox message.
 
-    Raises ``ValueError`` if the message is malformed.
+    Raises ``ValueError`` if the message is malformed, longer than
+    :data:`~.documents.MAX_MESSAGE_BYTES` or nested too deeply.
     """
-    document = json.loads(raw)
+    document = load_document(raw, MAX_MESSAGE_BYTES)
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
     if document.get("op") == "wake":
         return None, None
     fields = document.get("node")
-    if (
-        not isinstance(fields, list)
-        or len(fields) != 3
-        or not isinstance(fields[0], str)
-        or not fields[0]
-        or any(type(item) is not int or item < 0 for item in fields[1:])
-    ):
-        raise ValueError(f"bad node {fields!r}")
-    node = _NodeDesc(fields[0], fields[1], fields[2])
+    if not isinstance(fields, list) or len(fields) != 3:
+        raise ValueError(f"bad node {fields!r:.200}: expected [address, pid, local id]")
+    try:
+        node = node_from_fields(*fields)
+    except ValueError as exc:
+        raise ValueError(f"bad node: {exc}") from exc
     receipt = document.get("receipt")
-    if receipt is not None and not isinstance(receipt, str):
-        raise ValueError(f"bad receipt {receipt!r}")
+    if receipt is not None and not (
+        isinstance(receipt, str)
+        and receipt.startswith(RECEIPT_PREFIX)
+        and len(receipt) <= MAX_RECEIPT_LENGTH
+    ):
+        raise ValueError(
+            f"bad receipt {receipt!r:.200}: expected {RECEIPT_PREFIX!r} and at most "
+            f"{MAX_RECEIPT_LENGTH} characters"
+        )
     op = document.get("op")
     if op == "leave":
         return Leave(node), receipt
     if op != "join":
-        raise ValueError(f"unknown op {op!r}")
+        raise ValueError(f"unknown op {op!r:.200}")
     hint = document.get("hint")
     if hint is not None and (type(hint) is not int or hint < 0):
-        raise ValueError(f"bad hint {hint!r}")
+        raise ValueError(f"bad hint {hint!r:.200}")
     round_ = document.get("round")
     if type(round_) is not int or round_ < 0:
-        raise ValueError(f"bad round {round_!r}")
+        raise ValueError(f"bad round {round_!r:.200}")
     return Join(node, hint, round_), receipt
 
 
@@ -282,10 +300,25 @@ class RendezvousBoard:
                     )
         return messages
 
-    def sample_heartbeats(self, nodes: Sequence[_NodeDesc]) -> list[bytes]:
-        """The heartbeat counters of ``nodes`` (every one exists: nodes beat before posting)."""
+    def sample_heartbeats(
+        self, nodes: Sequence[_NodeDesc], unseen: Sequence[_NodeDesc] = ()
+    ) -> list[bytes]:
+        """The heartbeat counters of ``nodes``, without waiting for any.
+
+        Honest nodes beat before they post, but a forged join names a node
+        whose counter never appears, and ``multi_get`` waits for every key:
+        so the counters of ``unseen`` nodes (those not sampled before) are
+        checked first, in one round trip, and created as ``0`` when missing.
+        A created counter that never moves makes its node dead after the
+        liveness bound, like any silent node.
+        """
         keys = [self.heartbeat_key(node) for node in nodes]
-        return self._call("reading heartbeats", lambda: self.store.multi_get(keys) if keys else [])
+        new = [self.heartbeat_key(node) for node in unseen]
+        with self._store_errors("reading heartbeats"):
+            if new and not self.store.check(new):
+                for key in new:
+                    self.store.add(key, 0)
+            return self.store.multi_get(keys) if keys else []
 
     def publish_counters(self, waiting: int, pending: int, liveness: bytes | None = None) -> None:
         """Publish the counters nodes read with ``add(key, 0)``, and a liveness report."""

@@ -43,6 +43,7 @@ from tp_rdzv_api.parameters import TIMEOUT_KEYS
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
 from tp_store import FileStore, Store, StoreError, TCPStore
 
+from ._store_backend import check_run_id
 from .backend import RendezvousBackend
 from .handler import DynamicRendezvousHandler
 from .p10d_backend import P10dRendezvousBackend
@@ -94,6 +95,8 @@ def build_handler(
     the handler cannot be built. Other backends (``etcd``) build on this.
     """
     warn_unknown_config_keys(params, name, config_keys)
+    # Before any store is opened or hosted: the run id becomes part of its keys.
+    check_run_id(params.run_id, "rendezvous")
     settings = settings_from(params)
     store = open_store(params)
     try:
@@ -155,7 +158,11 @@ def create_store(params: RendezvousParameters) -> Store:
                 f"rendezvous config options {', '.join(sorted(security))} apply to "
                 "store_type=tcp only"
             )
-        return FileStore(params.endpoint.strip(), timeout=read_timeout)
+        path = params.endpoint.strip()
+        try:
+            return FileStore(path, timeout=read_timeout)
+        except (StoreError, OSError) as exc:
+            raise RendezvousConnectionError(f"cannot open the file store {path!r}: {exc}") from exc
     return _tcp_store(params, read_timeout, security)
 
 

@@ -32,11 +32,11 @@ from tp_rdzv_api.info import WILDCARD_HOSTS, unwrap_store
 from tp_store import PrefixStore, Store, StoreError, TCPStore
 
 from .backend import RendezvousBackend
-from .board import Lease, RendezvousBoard
+from .board import RECEIPT_PREFIX, Lease, RendezvousBoard
 from .decisions import Join, Leave
 from .events import log_event
 from .holder import _RendezvousStateHolder
-from .node import _NodeDesc, _NodeDescGenerator
+from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
 from .settings import RendezvousSettings
 from .state import RoundOutcome, encode_closed_outcome
 from .status import RendezvousStatus, build_status, decode_liveness
@@ -100,8 +100,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         settings = _check_settings(settings, run_id)
         if not isinstance(node_rank, int) or isinstance(node_rank, bool) or node_rank < 0:
             raise ValueError(f"node_rank must be an int >= 0, got {node_rank!r}")
-        if local_addr is not None and (not isinstance(local_addr, str) or not local_addr):
-            raise ValueError(f"local_addr must be a non-empty str or None, got {local_addr!r}")
+        if local_addr is not None and (
+            not isinstance(local_addr, str) or not 0 < len(local_addr) <= MAX_ADDR_LENGTH
+        ):
+            raise ValueError(
+                f"local_addr must be None or a str of 1 to {MAX_ADDR_LENGTH} characters, "
+                f"got {local_addr!r:.100}"
+            )
         if not isinstance(backend_name, str) or not backend_name:
             raise ValueError(f"backend_name must be a non-empty str, got {backend_name!r}")
         holder = _check_holder(backend, state_holder, settings.run_id)
@@ -465,7 +470,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Withdraw this node after its join timed out; the error to raise."""
         board = self._board
         gathered = board.pending()
-        receipt = f"rcpt/{self._node.key}/{next(_receipts)}"
+        receipt = f"{RECEIPT_PREFIX}{self._node.key}/{next(_receipts)}"
         board.post(Leave(self._node), receipt)
         grace = min(_ROLLBACK_GRACE, self._settings.timeout.close.total_seconds())
         if not board.await_receipt(receipt, grace):

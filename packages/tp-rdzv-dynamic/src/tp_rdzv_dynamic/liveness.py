@@ -38,6 +38,10 @@ class LivenessTracker:
         self._seen = fresh
         return silent
 
+    def tracks(self, key: str) -> bool:
+        """Whether the last sample had ``key``."""
+        return key in self._seen
+
     def ages(self, now: float) -> dict[str, float]:
         """Seconds since each counter of the last sample last moved, as of ``now``."""
         return {key: now - changed for key, (_, changed) in self._seen.items()}

@@ -9,7 +9,11 @@ import socket
 import threading
 from dataclasses import dataclass
 
-_DIGITS = re.compile(r"(\d+)")
+# ASCII digits only: a "digit" such as "²" or "٣" is text (int() refuses "²").
+_DIGITS = re.compile(r"([0-9]+)")
+#: The longest node address accepted: its heartbeat key must stay far below a
+#: store's key limit (8 KiB on tp-store, 4 bytes a character at most).
+MAX_ADDR_LENGTH = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +47,40 @@ class _NodeDesc:
 NodeDesc = _NodeDesc
 
 
-def natural_key(node: _NodeDesc) -> tuple[tuple[tuple[int, int | str], ...], int, int]:
-    """The sort key of the natural order: ``node2`` before ``node10``, then pid, then local id."""
-    parts = tuple(
-        (0, int(part)) if part.isdigit() else (1, part)
-        for part in _DIGITS.split(node.addr.lower())
-        if part
+def node_from_fields(addr: object, pid: object, local_id: object) -> _NodeDesc:
+    """The node a document names by ``addr, pid, local_id``; ``ValueError`` if malformed."""
+    # Plain tests, no generator: the state of a large run names thousands of nodes.
+    if (
+        isinstance(addr, str)
+        and 0 < len(addr) <= MAX_ADDR_LENGTH
+        and type(pid) is int
+        and pid >= 0
+        and type(local_id) is int
+        and local_id >= 0
+    ):
+        return _NodeDesc(addr, pid, local_id)
+    raise ValueError(
+        f"expected an address of 1 to {MAX_ADDR_LENGTH} characters and two ints >= 0, "
+        f"got {[addr, pid, local_id]!r:.200}"
     )
-    return parts, node.pid, node.local_id
+
+
+def natural_key(node: _NodeDesc) -> tuple[tuple[tuple[int, int, str], ...], int, int]:
+    """The sort key of the natural order: ``node2`` before ``node10``, then pid, then local id.
+
+    Runs of digits compare by value without becoming ints (a run of 5000
+    digits is too long for ``int()``): by length without leading zeros, then
+    as text.
+    """
+    parts = []
+    # split() alternates text and the digit runs it captured.
+    for index, part in enumerate(_DIGITS.split(node.addr.lower())):
+        if index % 2:
+            digits = part.lstrip("0")
+            parts.append((0, len(digits), digits))
+        elif part:
+            parts.append((1, 0, part))
+    return tuple(parts), node.pid, node.local_id
 
 
 class _NodeDescGenerator:

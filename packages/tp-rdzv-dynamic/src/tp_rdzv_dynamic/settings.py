@@ -141,6 +141,11 @@ class RendezvousSettings:
         self._keep_alive_max_attempt = _count(
             "keep_alive_max_attempt", given["keep_alive_max_attempt"], 1
         )
+        if self._keep_alive_max_attempt > timedelta.max / self._keep_alive_interval:
+            raise ValueError(
+                f"RendezvousSettings keep_alive_interval x keep_alive_max_attempt "
+                f"({self._keep_alive_interval} x {self._keep_alive_max_attempt}) is too long"
+            )
 
     @property
     def run_id(self) -> str:

@@ -16,13 +16,11 @@ from typing import Any
 
 from tp_rdzv_api import RendezvousStateError
 
-from .node import _NodeDesc
+from .documents import DocumentError, load_document
+from .node import _NodeDesc, node_from_fields
 
 STATE_FORMAT = "tp-rdzv-state"
 _COMPRESS_ABOVE = 4096
-_ZLIB_HEADER = b"x"  # 0x78, the first byte of every zlib stream; JSON starts with "{"
-#: No document may inflate beyond this (a store writer must not exhaust memory).
-_MAX_DOCUMENT = 256 << 20
 OUTCOME_FORMAT = "tp-rdzv-round"
 SCHEMA = 1
 
@@ -167,12 +165,10 @@ class _Reader:
 
     def __init__(self, raw: bytes, expected_format: str, where: str) -> None:
         self.where = where
-        if raw[:1] == _ZLIB_HEADER:
-            raw = self._inflate(raw)
         try:
-            document = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise self.error(f"is not JSON ({exc})") from exc
+            document = load_document(raw)
+        except DocumentError as exc:
+            raise self.error(str(exc)) from exc
         if not isinstance(document, dict):
             raise self.error(f"is not a JSON object but {type(document).__name__}")
         self.document: dict[str, Any] = document
@@ -182,16 +178,6 @@ class _Reader:
             raise self.error(
                 f"has schema version {document.get('schema')!r}; this version reads {SCHEMA}"
             )
-
-    def _inflate(self, raw: bytes) -> bytes:
-        inflater = zlib.decompressobj()
-        try:
-            text = inflater.decompress(raw, _MAX_DOCUMENT)
-        except zlib.error as exc:
-            raise self.error(f"is not valid zlib data ({exc})") from exc
-        if inflater.unconsumed_tail:
-            raise self.error(f"inflates to more than {_MAX_DOCUMENT} bytes")
-        return text
 
     def error(self, problem: str) -> RendezvousStateError:
         return RendezvousStateError(f"the rendezvous document at {self.where} {problem}")
@@ -211,15 +197,15 @@ class _Reader:
         width = 4 if extra else 3
         result = []
         for index, entry in enumerate(entries):
-            if (
-                not isinstance(entry, list)
-                or len(entry) != width
-                or not isinstance(entry[0], str)
-                or not entry[0]
-                or any(type(item) is not int or item < 0 for item in entry[1:])
-            ):
-                raise self.error(f"has a bad entry {name}[{index}]: {entry!r}")
-            result.append((_NodeDesc(entry[0], entry[1], entry[2]), entry[3] if extra else 0))
+            try:
+                if not isinstance(entry, list) or len(entry) != width:
+                    raise ValueError(f"expected {width} fields")
+                node = node_from_fields(entry[0], entry[1], entry[2])
+                if extra and (type(entry[3]) is not int or entry[3] < 0):
+                    raise ValueError(f"expected an int >= 0 after the node, got {entry[3]!r}")
+            except ValueError as exc:
+                raise self.error(f"has a bad entry {name}[{index}]: {exc}") from exc
+            result.append((node, entry[3] if extra else 0))
         return result
 
 
@@ -237,6 +223,12 @@ def decode_state(raw: bytes, where: str) -> RendezvousState:
         last_order=[node for node, _ in reader.nodes("last_order")],
         epoch=reader.value("epoch", int),
     )
+    # Each node is in one list at most: the steward samples each member once.
+    listed = len(state.participants) + len(state.wait_list) + len(state.redundancy_list)
+    if len(set(state.members())) != listed:
+        raise reader.error(
+            "lists a node in more than one of participants, wait_list, redundancy_list"
+        )
     # Participants keep their ranks when others leave a completed round, so
     # the ranks may have gaps; each must still be the node's place in the
     # order the round completed with.

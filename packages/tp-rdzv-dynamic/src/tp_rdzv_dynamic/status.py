@@ -19,6 +19,7 @@ from typing import Any
 from tp_rdzv_api import RendezvousStateError
 
 from .board import Lease
+from .documents import DocumentError, load_document
 from .node import _NodeDesc
 from .state import RendezvousState
 
@@ -86,21 +87,30 @@ def encode_liveness(ages: Mapping[str, float]) -> bytes:
 def decode_liveness(raw: bytes, where: str) -> dict[str, float]:
     """The ages in a liveness report; ``RendezvousStateError`` naming ``where`` if malformed."""
     try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RendezvousStateError(f"the liveness report at {where} is not JSON ({exc})") from exc
+        document = load_document(raw)
+    except DocumentError as exc:
+        raise RendezvousStateError(f"the liveness report at {where} {exc}") from exc
     ages = document.get("ages") if isinstance(document, dict) else None
-    if (
-        not isinstance(document, dict)
-        or document.get("format") != LIVENESS_FORMAT
-        or not isinstance(ages, dict)
-        or not all(
-            isinstance(age, int | float) and not isinstance(age, bool) and math.isfinite(age)
-            for age in ages.values()
-        )
-    ):
+    if not isinstance(ages, dict) or document.get("format") != LIVENESS_FORMAT:
         raise RendezvousStateError(f"the liveness report at {where} is malformed: {raw[:200]!r}")
-    return {str(key): float(age) for key, age in ages.items()}
+    seconds: dict[str, float] = {}
+    for key, age in ages.items():
+        value = _seconds(age)
+        if value is None:
+            raise RendezvousStateError(f"the liveness report at {where} has a bad age {age!r:.40}")
+        seconds[str(key)] = value
+    return seconds
+
+
+def _seconds(age: object) -> float | None:
+    """``age`` as a finite float, else ``None`` (an int may be too large for a float: 10**400)."""
+    if not isinstance(age, int | float) or isinstance(age, bool):
+        return None
+    try:
+        value = float(age)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def build_status(

@@ -146,9 +146,15 @@ class Steward:
         state = self._state
         if state.complete:
             key = self.board.outcome_key(state.round)
-            published = decode_outcome(self.board.publish(state.round, encode_outcome(state)), key)
+            published = self.board.publish(state.round, encode_outcome(state))
+            try:
+                members = len(decode_outcome(published, key).participants)
+            except RendezvousStateError as exc:
+                # Not what a steward wrote: its nodes must rendezvous again.
+                log.warning("rendezvous %r: a corrupt round outcome: %s", self.board.run_id, exc)
+                members = -1
             # A predecessor may have changed the round without telling its nodes.
-            if len(published.participants) != len(state.participants):
+            if members != len(state.participants):
                 self._mark_stale(state.round)
             else:
                 self._check_stale(state)
@@ -192,7 +198,8 @@ class Steward:
 
     def _find_dead(self, now: float, report: bool) -> list[Event]:
         members = list(self._state.members())
-        counters = self.board.sample_heartbeats(members)
+        unseen = [node for node in members if not self._liveness.tracks(node.key)]
+        counters = self.board.sample_heartbeats(members, unseen)
         by_key = {node.key: node for node in members}
         silent = self._liveness.observe(dict(zip(by_key, counters, strict=True)), now)
         if report:

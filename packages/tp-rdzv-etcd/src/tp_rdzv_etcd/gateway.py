@@ -362,7 +362,8 @@ class EtcdGateway:
 def _decode(data: bytes, endpoint: Endpoint, path: str) -> Json:
     try:
         answer = json.loads(data)
-    except ValueError as exc:
+    # RecursionError: deeply nested JSON (from whoever answers in etcd's place).
+    except (ValueError, RecursionError) as exc:
         raise StoreError(f"etcd {endpoint} answered {path} with non-JSON {data[:80]!r}") from exc
     if not isinstance(answer, dict):
         raise StoreError(f"etcd {endpoint} answered {path} with {data[:80]!r}")
@@ -372,7 +373,7 @@ def _decode(data: bytes, endpoint: Endpoint, path: str) -> Json:
 def _decode_error(data: bytes) -> Json:
     try:
         error = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"message": data[:200].decode("utf-8", "replace")}
     return error if isinstance(error, dict) else {"message": str(error)[:200]}
 

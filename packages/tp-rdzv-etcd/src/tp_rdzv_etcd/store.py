@@ -30,7 +30,9 @@ reports ``False``.
 from __future__ import annotations
 
 import collections
+import copy
 import json
+import logging
 import random
 import threading
 import time
@@ -52,6 +54,8 @@ from tp_store.semantics import (
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .layout import KeyLayout, b64, range_end, unb64
+
+log = logging.getLogger(__name__)
 
 #: etcd's default limit of operations in one transaction (``--max-txn-ops``).
 MAX_TXN_OPS = 128
@@ -124,6 +128,9 @@ class EtcdStore(Store):
         attempt_timeout: the most one request to one member may take before
             the next member is asked.
 
+    A ``password`` for an ``http`` member travels in clear text: the store
+    logs a WARNING saying so, once (its clones do not repeat it).
+
     Raises:
         ValueError: malformed endpoints, an empty prefix, a lone ``cert``/``key``
             or a ``user`` without ``password``.
@@ -154,8 +161,8 @@ class EtcdStore(Store):
             raise ValueError("an EtcdStore user needs a password (and a password a user)")
         if not attempt_timeout > 0:
             raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout!r}")
+        # What _connect needs for every handle (a clone's too).
         self._options: dict[str, Any] = {
-            "protocol": protocol,
             "cacert": cacert,
             "cert": cert,
             "key": key,
@@ -164,11 +171,25 @@ class EtcdStore(Store):
             "attempt_timeout": attempt_timeout,
         }
         self._layout = KeyLayout(raw_prefix)
+        self._connect()
+        plain = [endpoint.url for endpoint in self._endpoints if endpoint.scheme == "http"]
+        if user is not None and plain:
+            log.warning(
+                "the etcd password of user %r goes to %s over plain http: anyone on the "
+                "network path can read it; use https members (protocol https)",
+                user,
+                ", ".join(plain),
+            )
+
+    def _connect(self) -> None:
+        """Connections and caches of this handle's own (a clone shares none)."""
+        options = self._options
+        user, password = options["user"], options["password"]
         self._gateway = EtcdGateway(
             self._endpoints,
-            tls=TlsFiles(cacert, cert, key),
+            tls=TlsFiles(options["cacert"], options["cert"], options["key"]),
             credentials=None if user is None or password is None else (user, password),
-            attempt_timeout=attempt_timeout,
+            attempt_timeout=options["attempt_timeout"],
         )
         self._lock = threading.Lock()
         # The last (mod_revision, value) this handle saw of a counter: a node's
@@ -189,12 +210,9 @@ class EtcdStore(Store):
 
     def clone(self) -> EtcdStore:
         """A new handle on the same keys, with connections of its own."""
-        return EtcdStore(
-            [endpoint.url for endpoint in self._endpoints],
-            self._layout.prefix,
-            self.timeout,
-            **self._options,
-        )
+        twin = copy.copy(self)
+        twin._connect()
+        return twin
 
     def close(self) -> None:
         """Close this handle's connections."""
@@ -472,7 +490,8 @@ class EtcdStore(Store):
                     line, pending = pending.split(b"\n", 1)
                     if not line.strip():
                         continue
-                    result = json.loads(line).get("result")
+                    answer = json.loads(line)
+                    result = answer.get("result") if isinstance(answer, dict) else None
                     if not isinstance(result, dict) or result.get("canceled"):
                         return []  # an error, a compaction, a member without a leader
                     events = result.get("events")
@@ -480,7 +499,7 @@ class EtcdStore(Store):
                         return list(events)
         except ReadTimeoutError:
             return None if time.monotonic() >= deadline - 0.01 else []
-        except (HTTPError, OSError, ValueError):
+        except (HTTPError, OSError, ValueError, RecursionError):
             return []
         finally:
             response.close()

@@ -1,0 +1,60 @@
+"""Nodes as threads of the test process: handlers on a real TCPStore server on loopback.
+
+The fixtures ``server`` and ``make_node`` (in ``conftest.py``) build on
+:func:`make_handler`; the tests use :func:`rendezvous_all` and :func:`wait_until`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tp_rdzv_api import RendezvousInfo, RendezvousTimeout
+from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
+from tp_store import TCPStore
+
+#: The run every handler of these tests joins.
+RUN = "job"
+
+
+def make_handler(  # noqa: PLR0917 - a test helper, read at each call site
+    port: int,
+    min_nodes: int,
+    max_nodes: int,
+    join: float = 30,
+    last_call: float = 0.3,
+    interval: float = 0.5,
+    backend: type = TpRendezvousBackend,
+    local_addr: str = "127.0.0.1",
+) -> DynamicRendezvousHandler:
+    """A handler of :data:`RUN` on its own connection to the server at ``port``.
+
+    A silent node is dead after two ``interval`` s.
+    """
+    store = TCPStore("127.0.0.1", port, timeout=10)
+    return DynamicRendezvousHandler.from_backend(
+        RUN,
+        store,
+        backend(store, RUN),
+        min_nodes,
+        max_nodes,
+        local_addr=local_addr,
+        timeout=RendezvousTimeout(join=join, last_call=last_call),
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=2,
+    )
+
+
+def rendezvous_all(handlers: list[DynamicRendezvousHandler]) -> list[RendezvousInfo]:
+    """``next_rendezvous()`` of every handler at once, each in a thread."""
+    with ThreadPoolExecutor(len(handlers)) as pool:
+        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None:
+    """Return once ``condition()`` holds; fail the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
