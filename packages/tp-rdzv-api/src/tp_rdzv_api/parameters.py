@@ -93,6 +93,8 @@ class RendezvousParameters:
                 raise TypeError(f"RendezvousParameters() got multiple values for argument {name!r}")
             keywords[name] = value
 
+        if backend is None:  # PyTorch's error for a missing name
+            raise ValueError("RendezvousParameters backend must be a non-empty string, got None")
         backend = _check_str("backend", backend).strip()
         if not backend:
             raise ValueError("RendezvousParameters backend must be a non-empty string")
