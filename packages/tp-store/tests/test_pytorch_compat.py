@@ -94,7 +94,8 @@ def test_partial_store_can_be_created_and_used() -> None:
     ],
 )
 def test_missing_operations_raise_when_called(operation: str, args: tuple[object, ...]) -> None:
-    with pytest.raises(UnsupportedOperationError, match=f"DictStore does not implement {operation}"):
+    message = f"DictStore does not implement {operation}"
+    with pytest.raises(UnsupportedOperationError, match=message):
         getattr(DictStore(), operation)(*args)
 
 
@@ -158,7 +159,7 @@ def test_prefix_store_over_none_is_a_value_error_at_once() -> None:
 
 
 def test_prefix_store_over_something_else_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="needs a tp_store.Store"):
+    with pytest.raises(TypeError, match=r"needs a tp_store\.Store"):
         PrefixStore("p", 5)  # type: ignore[arg-type]
 
 
@@ -217,9 +218,7 @@ def test_master_under_the_agent_counts_itself_in_without_waiting(
         worker.close()
 
 
-@pytest.mark.parametrize(
-    ("flag", "port_offset"), [("False", 0), ("0", 0), ("no", 0), ("True", 1)]
-)
+@pytest.mark.parametrize(("flag", "port_offset"), [("False", 0), ("0", 0), ("no", 0), ("True", 1)])
 def test_master_without_the_agent_fails_to_bind_a_taken_port(
     server: TCPStore, monkeypatch: pytest.MonkeyPatch, flag: str, port_offset: int
 ) -> None:

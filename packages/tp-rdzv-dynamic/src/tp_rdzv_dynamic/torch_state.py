@@ -301,7 +301,9 @@ class _PickleWriter:
             self.record("_NodeDesc", fields, sets=frozenset())
         elif isinstance(value, (datetime, timezone, timedelta)):
             # Their own reduction: the class and the arguments that rebuild it.
-            kind, args = value.__reduce__()[:2]
+            reduced = value.__reduce__()
+            assert isinstance(reduced, tuple)
+            kind, args = reduced[:2]
             self._global("datetime", kind.__name__)
             self.value(args)
             out += pickle.REDUCE

@@ -274,7 +274,7 @@ class TCPStore(Store):
             self._connect()
         if world_size is not None and wait_for_workers:
             self._request(Add(INIT_KEY, 1).encode(), ReplyKind.I64)
-            if self._server is not None:
+            if self.server is not None:  # a master under the elastic agent has none
                 self._wait_for_workers(world_size)
 
     # -- properties ---------------------------------------------------------------
