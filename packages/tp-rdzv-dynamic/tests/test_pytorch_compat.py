@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tp_rdzv_api import (
+    RendezvousError,
     RendezvousParameters,
     RendezvousStateError,
     RendezvousTimeout,
@@ -232,3 +233,21 @@ def test_torch_run_status_and_close(server: TCPStore) -> None:
     stored = decode_torch_state(server.get(torch_state_key(RUN)), "k")
     assert stored == closed
     assert run.close(timeout=5).closed  # closing a closed run is fine
+
+
+def test_join_timeout_says_timed_out(server: TCPStore) -> None:
+    # Users grep for it, as in PyTorch's messages.
+    store = TCPStore("127.0.0.1", server.port, timeout=10)
+    handler = DynamicRendezvousHandler.from_backend(
+        RUN,
+        store,
+        InMemoryBackend(),
+        2,
+        2,
+        local_addr="127.0.0.1",
+        timeout=RendezvousTimeout(join=0.5, last_call=0.1, close=1),
+        keep_alive_interval=0.2,
+    )
+    with pytest.raises(RendezvousError, match=r"timed out|timeout"):
+        handler.next_rendezvous()
+    handler.shutdown()
