@@ -47,30 +47,29 @@ class Lines:
             self._queue.put(line)
         self._queue.put(None)
 
+    def _next(self, waiting_for: str) -> str | None:
+        """The next line (``None`` at the end); fails after :data:`BOUND` s."""
+        try:
+            line = self._queue.get(timeout=BOUND)
+        except queue.Empty:
+            pytest.fail(f"no {waiting_for} within {BOUND} s")
+        if line is not None:
+            self.seen.append(line)
+        return line
+
     def expect(self, pattern: str, what: str) -> re.Match[str]:
         """The first further line matching ``pattern``; fails after :data:`BOUND` s or at EOF."""
         compiled = re.compile(pattern)
-        while True:
-            try:
-                line = self._queue.get(timeout=BOUND)
-            except queue.Empty:
-                pytest.fail(f"{what}: no line matching {pattern!r} within {BOUND} s")
-            if line is None:
-                pytest.fail(f"{what} ended before a line matching {pattern!r}: {self.seen[-20:]}")
-            self.seen.append(line)
+        while (line := self._next(f"{what} line matching {pattern!r}")) is not None:
             if match := compiled.search(line):
                 return match
+        pytest.fail(f"{what} ended before a line matching {pattern!r}: {self.seen[-20:]}")
 
     def rest(self, what: str) -> str:
         """Everything the stream held, once it has ended (within :data:`BOUND` s)."""
-        while True:
-            try:
-                line = self._queue.get(timeout=BOUND)
-            except queue.Empty:
-                pytest.fail(f"{what}: not ended within {BOUND} s")
-            if line is None:
-                return "".join(self.seen)
-            self.seen.append(line)
+        while self._next(f"end of {what}") is not None:
+            pass
+        return "".join(self.seen)
 
 
 class Agent:
