@@ -316,6 +316,14 @@ def test_every_blocking_operation_times_out_saying_so(
         store.close()
 
 
+def test_connecting_in_vain_says_timed_out() -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(StoreConnectionError, match="timed out after"):
+        TCPStore("127.0.0.1", port, timeout=0.3)
+
+
 def test_master_waiting_for_workers_times_out_saying_so() -> None:
     with pytest.raises(StoreTimeoutError, match="timed out"):
         TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=0.2)

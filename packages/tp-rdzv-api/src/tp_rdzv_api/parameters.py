@@ -43,7 +43,8 @@ class RendezvousParameters:
 
     Args:
         backend: the registry name of the backend, e.g. ``"static"``;
-            surrounding whitespace is stripped, empty is a ``ValueError``.
+            surrounding whitespace is stripped, empty (or ``None``, as in
+            PyTorch) is a ``ValueError``.
         endpoint: ``host:port`` of the rendezvous store (may be empty).
         run_id: the identifier of the job.
         *args: PyTorch's positional form: ``min_nodes``, ``max_nodes`` and

@@ -389,8 +389,8 @@ class TCPStore(Store):
             except OSError as exc:
                 if remaining <= delay:
                     raise StoreConnectionError(
-                        f"cannot connect to the store at {self.endpoint} within "
-                        f"{self.timeout}: {exc}",
+                        f"cannot connect to the store at {self.endpoint}: timed out after "
+                        f"{self.timeout} of retries: {exc}",
                         self._host,
                         self._port,
                     ) from exc
