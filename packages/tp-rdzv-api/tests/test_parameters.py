@@ -143,7 +143,7 @@ def test_positional_min_nodes_is_validated() -> None:
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
-        ((None, "h:1", "r"), {}, "backend must be a str"),
+        ((5, "h:1", "r"), {}, "backend must be a str"),
         (("static", None, "r"), {}, "endpoint must be a str"),
         (("static", "h:1", 5), {}, "run_id must be a str"),
         (("static", "h:1", "r"), {"min_nodes": "2"}, "min_nodes must be an int"),
@@ -158,6 +158,11 @@ def test_positional_min_nodes_is_validated() -> None:
 def test_wrong_types(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(TypeError, match=message):
         RendezvousParameters(*args, **kwargs)
+
+
+def test_missing_backend_is_a_value_error_as_in_pytorch() -> None:
+    with pytest.raises(ValueError, match="backend must be a non-empty string"):
+        RendezvousParameters(None, "h:1", "r")  # type: ignore[arg-type]
 
 
 def test_repr_shows_the_attributes() -> None:

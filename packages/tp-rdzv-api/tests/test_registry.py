@@ -88,6 +88,23 @@ def test_registering_the_same_creator_again_is_a_no_op(
     assert registry.get_creator("mine") is creator
 
 
+class _Plugin:
+    def create(self, params: RendezvousParameters) -> RendezvousHandler:
+        return FakeHandler("mine", params)
+
+
+def test_registering_the_same_bound_method_again_is_a_no_op(
+    registry: RendezvousHandlerRegistry,
+) -> None:
+    # Each attribute access makes a new bound-method object; PyTorch compares by equality.
+    plugin = _Plugin()
+    registry.register("mine", plugin.create)
+    registry.register("mine", plugin.create)
+    assert registry.get_creator("mine") == plugin.create
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("mine", _Plugin().create)
+
+
 def test_registering_a_different_creator_is_a_value_error(
     registry: RendezvousHandlerRegistry,
 ) -> None:
@@ -100,7 +117,8 @@ def test_unknown_backend_lists_the_known_ones_sorted(registry: RendezvousHandler
     for name in ("static", "core", "etcd"):
         registry.register(name, creator_for(name))
     with pytest.raises(
-        ValueError, match=r"unknown rendezvous backend 'nope'; known backends: core, etcd, static$"
+        ValueError,
+        match=r"rendezvous backend 'nope' is not registered; known backends: core, etcd, static$",
     ):
         registry.create_handler(params("nope"))
 

@@ -126,8 +126,8 @@ def test_exhausted_error_from_a_mapping_and_seconds() -> None:
     assert error.timeout == timedelta(seconds=1.5)
     assert error.run_id is None
     assert str(error) == (
-        "the rendezvous gave up: 0 node(s) joined but at least 3 were needed (min_nodes), "
-        "after waiting 1.5 s (0:00:01.500000)"
+        "the rendezvous gave up: 0 node(s) joined but at least 3 were needed (min_nodes); "
+        "timed out after waiting 1.5 s (0:00:01.500000)"
     )
 
 

@@ -42,7 +42,16 @@ def join(tp_rdzv: Callable[..., Command], endpoint: str, run_id: str, *extra: st
 
 
 def status(endpoint: str, run_id: str) -> dict[str, Any]:
+    document = status_if_it_exists(endpoint, run_id)
+    assert document is not None, f"run {run_id} does not exist"
+    return document
+
+
+def status_if_it_exists(endpoint: str, run_id: str) -> dict[str, Any] | None:
+    """``status --json``, or ``None`` while nothing of the run is stored (exit 1)."""
     result = run_tp_rdzv("status", "--endpoint", endpoint, "--run-id", run_id, "--json")
+    if result.returncode == 1 and "does not exist" in result.stderr:
+        return None
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     jsonschema.validate(document, STATUS_SCHEMA)
@@ -116,10 +125,14 @@ def test_status_shows_the_wait_list_and_heartbeat_ages(tp_rdzv, store):
     run_id = unique_run_id()
     # A round needs 2; one node waits alone, heartbeating.
     lone = join(tp_rdzv, store, run_id, "--min", "2", "--max", "2")
-    document = status(store, run_id)
-    while not document["participants"] or document["participants"][0]["heartbeat_age"] is None:
-        # The steward reports ages at its ticks (every keep_alive_interval).
-        document = status(store, run_id)
+    document = status_if_it_exists(store, run_id)
+    while (
+        document is None
+        or not document["participants"]
+        or document["participants"][0]["heartbeat_age"] is None
+    ):
+        # The node joins, then the steward reports ages at its ticks (every keep_alive_interval).
+        document = status_if_it_exists(store, run_id)
     assert not document["complete"]
     (node,) = document["participants"]
     assert node["rank"] is None
@@ -354,3 +367,37 @@ def test_help_shows_examples_and_exit_codes():
         assert "examples:" in result.stdout
     top = run_tp_rdzv("--help")
     assert "exit codes:" in top.stdout
+
+
+def _keys_and_count(endpoint: str) -> tuple[dict[str, bytes], int]:
+    """Every user key with its value, and the server's key count (internal keys too)."""
+    from tp_store import TCPStore
+
+    host, port = endpoint.rsplit(":", 1)
+    with TCPStore(host, int(port), timeout=10) as client:
+        return {key: client.get(key) for key in client.list_keys()}, client.server_stats()["keys"]
+
+
+@pytest.mark.parametrize("backend", ["core", "c10d", "p10d"])
+def test_status_writes_nothing(tp_rdzv, store, backend):
+    run_id = unique_run_id()
+    node = join(tp_rdzv, store, run_id, "--backend", backend, "--min", "1", "--max", "1")
+    next_round(node)
+    node.signal(signal.SIGKILL)  # nothing writes any more: the store must stay as it is
+    node.wait()
+    before = _keys_and_count(store)
+    for args in ([], ["--json"]):
+        result = run_tp_rdzv(
+            "status", "--endpoint", store, "--run-id", run_id, "--backend", backend, *args
+        )
+        assert result.returncode == 0, result.stderr
+    assert _keys_and_count(store) == before
+
+
+@pytest.mark.parametrize("backend", ["core", "c10d", "p10d"])
+def test_status_of_a_run_that_does_not_exist_says_so_and_writes_nothing(store, backend):
+    before = _keys_and_count(store)
+    result = run_tp_rdzv("status", "--endpoint", store, "--run-id", "nobody", "--backend", backend)
+    message = one_line_error(result, 1)
+    assert "rendezvous 'nobody' does not exist" in message
+    assert _keys_and_count(store) == before

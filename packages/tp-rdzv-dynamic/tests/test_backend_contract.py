@@ -159,8 +159,18 @@ def test_reads_a_document_written_directly_in_the_layout(harness: Harness) -> No
 @pytest.mark.parametrize("harness", combos(backends=("p10d",)), indirect=True)
 def test_p10d_creates_pytorchs_placeholder(harness: Harness) -> None:
     store = harness.store()
-    harness.backend(store=store)
+    harness.backend(store=store).get_state()
     assert store.get(harness.key()) == P10D_PLACEHOLDER
+
+
+def test_construction_and_read_state_write_nothing(harness: Harness) -> None:
+    store = harness.store()
+    before = sorted(store.list_keys())
+    backend = harness.backend(store=store)
+    assert backend.read_state() is None
+    assert sorted(store.list_keys()) == before
+    write(backend, b"A")
+    assert backend.read_state() == backend.get_state()
 
 
 # -- reading --------------------------------------------------------------------------

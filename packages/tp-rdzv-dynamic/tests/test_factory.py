@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -104,9 +106,35 @@ def test_bad_config_is_named(free_port, config, match):
         create_handler(params("core", f"127.0.0.1:{free_port}", **config))
 
 
-def test_file_store_needs_a_path():
-    with pytest.raises(ValueError, match="path"):
-        create_store(params("core", " ", store_type="file"))
+@pytest.mark.parametrize("endpoint", ["", " "])
+def test_file_store_without_a_path_is_a_new_temporary_file(tmp_path, monkeypatch, endpoint):
+    # As PyTorch: one node on a private file (mkstemp: this user only).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    store = create_store(params("core", endpoint, store_type="file"))
+    assert isinstance(store, FileStore)
+    path = Path(store.path)
+    assert path.parent == tmp_path
+    assert path.stat().st_mode & 0o077 == 0
+    store.set("k", "v")
+    assert FileStore(path).get("k") == b"v"
+    other = create_store(params("core", endpoint, store_type="file"))
+    assert isinstance(other, FileStore)
+    assert other.path != store.path
+
+
+@pytest.mark.parametrize("where", ["missing-dir/rdzv", "."])
+def test_file_store_that_cannot_open_is_a_connection_error(tmp_path, where):
+    # A missing directory (FileNotFoundError), a directory (IsADirectoryError).
+    path = tmp_path / where
+    with pytest.raises(RendezvousConnectionError, match="cannot open the rendezvous file store"):
+        create_handler(params("core", str(path), store_type="file"))
+
+
+def test_file_store_timeout_is_pytorchs_300_s_unless_read_timeout_says(tmp_path):
+    path = str(tmp_path / "rdzv")
+    assert create_store(params("core", path, store_type="file")).timeout.total_seconds() == 300
+    store = create_store(params("core", path, store_type="file", read_timeout="7"))
+    assert store.timeout.total_seconds() == 7
 
 
 def test_settings_from_config_strings():

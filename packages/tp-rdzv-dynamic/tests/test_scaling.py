@@ -56,10 +56,12 @@ class CountingStore(Store):
         self.inner.close()
 
 
-for _name in [*Store.__abstractmethods__, "wait_get", "multi_get", "multi_set"]:
-    if _name != "clone":
-        setattr(CountingStore, _name, _forward(_name))
-CountingStore.__abstractmethods__ = frozenset()
+for _name in [
+    *("set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys"),
+    *("append", "list_keys", "queue_push", "queue_pop", "queue_len"),
+    *("wait_get", "multi_get", "multi_set"),
+]:
+    setattr(CountingStore, _name, _forward(_name))
 
 
 def run_round(size: int) -> tuple[list[Counter[str]], list[Counter[str]], int, float]:

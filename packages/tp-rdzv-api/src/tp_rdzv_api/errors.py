@@ -101,7 +101,7 @@ class RendezvousExhaustedError(RendezvousError):
         seconds = self.timeout.total_seconds()
         super().__init__(
             f"{where} gave up: {self.joined} node(s) joined but at least "
-            f"{self.min_nodes} were needed (min_nodes), after waiting "
+            f"{self.min_nodes} were needed (min_nodes); timed out after waiting "
             f"{seconds:g} s ({self.timeout})"
         )
 

@@ -43,7 +43,8 @@ class RendezvousParameters:
 
     Args:
         backend: the registry name of the backend, e.g. ``"static"``;
-            surrounding whitespace is stripped, empty is a ``ValueError``.
+            surrounding whitespace is stripped, empty (or ``None``, as in
+            PyTorch) is a ``ValueError``.
         endpoint: ``host:port`` of the rendezvous store (may be empty).
         run_id: the identifier of the job.
         *args: PyTorch's positional form: ``min_nodes``, ``max_nodes`` and
@@ -93,6 +94,8 @@ class RendezvousParameters:
                 raise TypeError(f"RendezvousParameters() got multiple values for argument {name!r}")
             keywords[name] = value
 
+        if backend is None:  # PyTorch's error for a missing name
+            raise ValueError("RendezvousParameters backend must be a non-empty string, got None")
         backend = _check_str("backend", backend).strip()
         if not backend:
             raise ValueError("RendezvousParameters backend must be a non-empty string")

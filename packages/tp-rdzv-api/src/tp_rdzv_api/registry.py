@@ -11,7 +11,8 @@ returning a ``RendezvousHandler``. Creators come from two sources:
 
 A name may be provided by several sources (a backend's module may call
 ``register`` and also declare its entry point, a distribution may be on the
-path twice) as long as they all resolve to the same creator. Registering a
+path twice) as long as they all resolve to the same creator: equal ones, as
+in PyTorch, so the same bound method registered twice is one creator. Registering a
 different creator under a registered name is a ``ValueError`` at once; a
 conflict with an entry point not loaded yet is a ``ValueError`` when the name
 is first created. There is no built-in list of backends.
@@ -75,8 +76,9 @@ class RendezvousHandlerRegistry:
     def register(self, name: str, creator: HandlerCreator) -> None:
         """Register ``creator`` as the backend ``name``.
 
-        Registering the same creator again is a no-op; a different creator
-        under a name that already has one is a ``ValueError``.
+        Registering the same creator again (an equal one: the same function,
+        or the same bound method) is a no-op; a different creator under a name
+        that already has one is a ``ValueError``.
         """
         if not isinstance(name, str) or not name.strip() or name != name.strip():
             raise ValueError(
@@ -89,7 +91,7 @@ class RendezvousHandlerRegistry:
             existing = self._creators.get(name)
             if existing is None:
                 self._creators[name] = creator
-            elif existing is not creator:
+            elif existing != creator:
                 raise ValueError(
                     f"rendezvous backend {name!r} is already registered with creator "
                     f"{_describe(existing)}; cannot register {_describe(creator)}"
@@ -107,7 +109,7 @@ class RendezvousHandlerRegistry:
     def get_creator(self, name: str) -> HandlerCreator:
         """The creator of backend ``name``, loading its entry point if needed.
 
-        Raises ``ValueError`` for an unknown name (listing the known ones) or
+        Raises ``ValueError`` for a name that is not registered (listing the known ones) or
         when the sources of ``name`` disagree; ``RuntimeError`` when an entry
         point cannot be loaded.
         """
@@ -117,7 +119,7 @@ class RendezvousHandlerRegistry:
             if creator is None and not entries:
                 known = sorted(self._creators.keys() | self._discover().keys())
                 raise ValueError(
-                    f"unknown rendezvous backend {name!r}; known backends: "
+                    f"rendezvous backend {name!r} is not registered; known backends: "
                     f"{', '.join(known) if known else '(none)'}"
                 )
         # Import outside the lock: the module may call register() (from any thread).
@@ -139,9 +141,12 @@ class RendezvousHandlerRegistry:
             creator = self._creators.get(name)
             sources = [] if creator is None else [(f"register() ({_describe(creator)})", creator)]
             sources += loaded
-            distinct = {id(target): (where, target) for where, target in sources}
+            distinct: list[tuple[str, HandlerCreator]] = []
+            for where, target in sources:
+                if all(target != other for _, other in distinct):
+                    distinct.append((where, target))
             if len(distinct) > 1:
-                listing = "; ".join(where for where, _ in distinct.values())
+                listing = "; ".join(where for where, _ in distinct)
                 raise ValueError(f"rendezvous backend {name!r} has conflicting creators: {listing}")
             if creator is None:
                 creator = sources[0][1]

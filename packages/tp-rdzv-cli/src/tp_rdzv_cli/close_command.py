@@ -11,6 +11,7 @@ from .connect import (
     add_observer_arguments,
     add_rendezvous_arguments,
     open_handler,
+    open_torch_c10d_run,
     rendezvous_errors,
 )
 from .errors import ExitCode
@@ -19,7 +20,10 @@ EXAMPLES = """examples:
   tp-rdzv close --endpoint 127.0.0.1:29400 --run-id job1
 
 Nodes waiting for a round are refused (spares leave gracefully), and every
-`tp-rdzv join` of the run exits 0. Closing a closed rendezvous is fine."""
+`tp-rdzv join` of the run exits 0. Closing a closed rendezvous is fine.
+With --backend c10d, a torchrun job (PyTorch's own c10d rendezvous) is closed
+in PyTorch's state, as PyTorch's set_closed does: no restarts or new nodes;
+its agents exit when their workers finish (waiting ones at once)."""
 
 
 def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
@@ -38,10 +42,13 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
 
 
 def run(args: argparse.Namespace) -> int:
-    """Close the run."""
-    handler = open_handler(args, observer=True)
+    """Close the run: PyTorch's c10d state when ``--backend c10d`` finds one, else ours."""
+    torch_run = open_torch_c10d_run(args)
     with rendezvous_errors():
-        handler.set_closed()
+        if torch_run is not None and torch_run.read() is not None:
+            torch_run.close(args.timeout)
+        else:
+            open_handler(args, observer=True).set_closed()
     if args.json:
         print(json.dumps({"event": "closed", "run_id": args.run_id}), flush=True)
     else:

@@ -14,6 +14,8 @@ from tp_rdzv_api import (
 )
 from tp_rdzv_api.utils import parse_rendezvous_config
 from tp_rdzv_dynamic import DynamicRendezvousHandler
+from tp_rdzv_dynamic.factory import create_store
+from tp_rdzv_dynamic.torch_c10d import TorchC10dRun
 from tp_store import StoreError
 
 from .errors import CommandError, ExitCode
@@ -70,21 +72,7 @@ def open_handler(
     and close from the command line.
     """
     with rendezvous_errors():
-        config: dict[str, object] = dict(parse_rendezvous_config(args.config))
-        if observer:
-            # An observer must never start a store of its own on a free port,
-            # and should fail fast when nothing answers.
-            config["is_host"] = False
-            config.setdefault("read_timeout", args.timeout)
-        params = RendezvousParameters(
-            args.backend,
-            args.endpoint,
-            args.run_id,
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
-            config=config,
-        )
-        handler = create_handler(params)
+        handler = create_handler(_parameters(args, min_nodes, max_nodes, observer))
     if not isinstance(handler, DynamicRendezvousHandler):
         raise CommandError(
             f"backend {args.backend!r} has no rounds to join, watch or close from the command "
@@ -92,6 +80,39 @@ def open_handler(
             ExitCode.USAGE,
         )
     return handler
+
+
+def _parameters(
+    args: argparse.Namespace, min_nodes: int, max_nodes: int, observer: bool
+) -> RendezvousParameters:
+    config: dict[str, object] = dict(parse_rendezvous_config(args.config))
+    if observer:
+        # An observer must never start a store of its own on a free port,
+        # and should fail fast when nothing answers.
+        config["is_host"] = False
+        config.setdefault("read_timeout", args.timeout)
+    return RendezvousParameters(
+        args.backend,
+        args.endpoint,
+        args.run_id,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        config=config,
+    )
+
+
+def open_torch_c10d_run(args: argparse.Namespace) -> TorchC10dRun | None:
+    """With ``--backend c10d``: the run of PyTorch's own c10d rendezvous on the store.
+
+    ``c10d`` names PyTorch's backend (a torchrun job) and our alias of
+    ``core``; observers look for PyTorch's state first. ``None`` for other
+    backends. The store is a client only, as for every observer.
+    """
+    if args.backend != "c10d":
+        return None
+    with rendezvous_errors():
+        store = create_store(_parameters(args, 1, 1, observer=True))
+        return TorchC10dRun(store, args.run_id)
 
 
 def add_observer_arguments(parser: argparse.ArgumentParser) -> None:

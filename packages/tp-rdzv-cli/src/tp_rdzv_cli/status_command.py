@@ -22,6 +22,7 @@ from .connect import (
     add_observer_arguments,
     add_rendezvous_arguments,
     open_handler,
+    open_torch_c10d_run,
     rendezvous_errors,
 )
 from .errors import CommandError, ExitCode
@@ -37,6 +38,10 @@ EXAMPLES = """examples:
 
 Heartbeat ages are measured by the steward on its own clock at its last tick
 (at most one keep_alive_interval ago), so skewed clocks do not distort them.
+With --backend c10d, a torchrun job's state (PyTorch's own c10d rendezvous)
+is shown when the store holds one; its heartbeat ages come from the nodes'
+wall clocks. A run with nothing stored is an error (exit 1), or with --watch
+a "does not exist (yet)" line. Status never writes to the store.
 The --json document follows the schema in tp_rdzv_cli/status.schema.json."""
 
 
@@ -81,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not args.watch:
         document = read()
+        if not document.get("exists", True):
+            raise CommandError(_missing_run(document, args.endpoint), ExitCode.FAILED)
         if args.json:
             print(json.dumps(document), flush=True)
         else:
@@ -104,10 +111,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _rendezvous_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     handler = open_handler(args, observer=True)
+    torch_run = open_torch_c10d_run(args)
 
     def read() -> dict[str, Any]:
         with rendezvous_errors():
-            status = handler.status()
+            found = None if torch_run is None else torch_run.read()
+            if torch_run is not None and found is not None:
+                status = torch_run.status(found[0])
+            else:
+                status = handler.status()
         return {**status.to_dict(), "observed_at": time.time()}
 
     return read
@@ -159,7 +171,16 @@ def _age(node: dict[str, Any]) -> str:
     return "-" if age is None else f"{age:.1f} s ago"
 
 
+def _missing_run(document: dict[str, Any], endpoint: str) -> str:
+    return (
+        f"rendezvous {document['run_id']!r} does not exist on {endpoint} (backend "
+        f"{document['backend']}): nothing is stored for it"
+    )
+
+
 def _rendezvous_view(document: dict[str, Any]) -> RenderableType:
+    if not document["exists"]:
+        return Text(f"run {document['run_id']} ({document['backend']}): does not exist (yet)")
     phase = "closed" if document["closed"] else "complete" if document["complete"] else "forming"
     steward = document["steward"] or "vacant"
     header = Text.assemble(

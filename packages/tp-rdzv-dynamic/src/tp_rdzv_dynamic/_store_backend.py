@@ -61,10 +61,11 @@ class StoreKeyBackend(RendezvousBackend):
         self._key = self._key_for(self._run_id)
         # The store given to the constructor is the caller's; a clone's is its own.
         self._owns_store = False
-        # Create the key now, as PyTorch does: PyTorch nodes sharing a p10d key
-        # read it with a blocking get. (Our reads never block, and a first
-        # write re-creates a deleted key.)
-        self._compare_set(b"", self._VACANT)
+        # Reach the store now, so that a bad endpoint fails here, but write
+        # nothing: observers build backends too. The first get_state creates
+        # the key (PyTorch's backend creates it at once).
+        with self._store_errors():
+            self._store.check([self._key])
 
     @property
     def key(self) -> str:
@@ -122,6 +123,17 @@ class StoreKeyBackend(RendezvousBackend):
         # compare_set from empty to vacant is a read that cannot block: it
         # returns the stored value, or creates the vacant one if the key is missing.
         return self._document(self._compare_set(b"", self._VACANT))
+
+    def read_state(self) -> tuple[bytes, Token] | None:
+        """As :meth:`get_state`, but writing nothing: a missing key stays missing.
+
+        Two round trips (``get_state`` takes one); for observers.
+        """
+        with self._store_errors():
+            if not self._store.check([self._key]):
+                return None
+            value = self._store.get(self._key)
+        return self._document(value)
 
     def set_state(
         self, state: bytes, token: Token | None = None

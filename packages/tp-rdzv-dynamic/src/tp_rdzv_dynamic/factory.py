@@ -1,9 +1,12 @@
 """Registry creators for ``core``, ``c10d`` and ``p10d``, and the store they run on.
 
 Config keys (times in seconds; strings from a command line are fine):
-``is_host``, ``read_timeout`` (60), ``join_timeout``, ``last_call_timeout``,
+``is_host``, ``read_timeout`` (60; 300 for a file store, PyTorch's FileStore
+timeout), ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``heartbeat_timeout``, ``keep_alive_interval`` (5),
-``keep_alive_max_attempt`` (3) and ``store_type`` (``tcp`` or ``file``).
+``keep_alive_max_attempt`` (3) and ``store_type`` (``tcp`` or ``file``; with
+``file`` the endpoint is the file's path, and an empty endpoint a new
+temporary file).
 
 Securing the TCP store (paths of PEM files; see ``tp_store.TCPStore``):
 
@@ -27,7 +30,9 @@ which PyTorch's launcher passes to every backend.
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 from collections.abc import Callable, Collection
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters
@@ -53,6 +58,8 @@ from .tp_backend import TpRendezvousBackend
 #: The store port when the endpoint names only a host (PyTorch's default).
 DEFAULT_PORT = 29400
 _DEFAULT_READ_TIMEOUT = 60.0
+#: A file store's timeout unless ``read_timeout`` is given: PyTorch's FileStore default.
+_DEFAULT_FILE_TIMEOUT = 300.0
 _STORE_TYPES = ("tcp", "file")
 #: Config keys naming files that secure the TCP store, as TCPStore's keyword arguments.
 SECURITY_KEYS = STORE_SECURITY_KEYS
@@ -143,27 +150,36 @@ def create_store(params: RendezvousParameters) -> Store:
             f"rendezvous config option 'store_type' must be one of {', '.join(_STORE_TYPES)}, "
             f"got {store_type!r}"
         )
+    is_file = store_type.strip().lower() == "file"
     raw_timeout = params.get("read_timeout")
     read_timeout = (
-        _DEFAULT_READ_TIMEOUT
+        (_DEFAULT_FILE_TIMEOUT if is_file else _DEFAULT_READ_TIMEOUT)
         if raw_timeout is None
         else to_seconds("read_timeout", raw_timeout).total_seconds()
     )
     security = store_security(params.config)
-    if store_type.strip().lower() == "file":
-        if not params.endpoint.strip():
-            raise ValueError("store_type=file needs the endpoint to be the path of the store file")
+    if is_file:
         if security:
             raise ValueError(
                 f"rendezvous config options {', '.join(sorted(security))} apply to "
                 "store_type=tcp only"
             )
-        path = params.endpoint.strip()
-        try:
-            return FileStore(path, timeout=read_timeout)
-        except (StoreError, OSError) as exc:
-            raise RendezvousConnectionError(f"cannot open the file store {path!r}: {exc}") from exc
+        return _file_store(params.endpoint.strip(), read_timeout)
     return _tcp_store(params, read_timeout, security)
+
+
+def _file_store(path: str, read_timeout: float) -> FileStore:
+    """The FileStore at ``path``; with no path, in a new temporary file (as PyTorch)."""
+    try:
+        if not path:
+            # Readable and writable by this user only; one node: nobody else knows the path.
+            descriptor, path = tempfile.mkstemp(prefix="tp-rdzv-")
+            os.close(descriptor)
+        return FileStore(path, timeout=read_timeout)
+    except (OSError, StoreError) as exc:
+        raise RendezvousConnectionError(
+            f"cannot open the rendezvous file store {path!r}: {exc}"
+        ) from exc
 
 
 def _tcp_store(

@@ -38,7 +38,7 @@ from .events import log_event
 from .holder import _RendezvousStateHolder
 from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
 from .settings import RendezvousSettings
-from .state import RoundOutcome, encode_closed_outcome
+from .state import RendezvousState, RoundOutcome, encode_closed_outcome
 from .status import RendezvousStatus, build_status, decode_liveness
 from .steward import Steward
 
@@ -309,12 +309,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def status(self) -> RendezvousStatus:
         """A snapshot of the run for observers (see :class:`~.status.RendezvousStatus`).
 
-        Read-only: it neither joins nor creates keys.
+        Read-only: it neither joins nor creates keys. A run with nothing stored
+        reads as round 0 with no nodes, and ``exists`` false.
         """
-        state, _ = self._holder.load()
+        state = self._holder.observe()
         lease, liveness = self._board.observe()
         ages = {} if liveness is None else decode_liveness(liveness, "the liveness key")
-        return build_status(self.get_run_id(), self._backend_name, state, lease, ages)
+        exists = state is not None or lease is not None
+        return build_status(
+            self.get_run_id(),
+            self._backend_name,
+            state or RendezvousState(),
+            lease,
+            ages,
+            exists=exists,
+        )
 
     def set_closed(self) -> None:
         """Mark the rendezvous closed; new joiners are rejected.

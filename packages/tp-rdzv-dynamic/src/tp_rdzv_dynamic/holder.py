@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._store_backend import StoreKeyBackend
 from .backend import RendezvousBackend, Token
 from .state import RendezvousState, decode_state, encode_state
 
@@ -41,6 +42,18 @@ class _RendezvousStateHolder:
         raw, token = stored
         return decode_state(raw, self.where), token
 
+    def observe(self) -> RendezvousState | None:
+        """The stored state, or ``None`` when nothing is stored; for observers.
+
+        Writes nothing on our store backends (``load`` may create the empty
+        key); another backend's ``get_state`` is used as it is.
+        """
+        backend = self.backend
+        stored = (
+            backend.read_state() if isinstance(backend, StoreKeyBackend) else backend.get_state()
+        )
+        return None if stored is None else decode_state(stored[0], self.where)
+
     def save(
         self, state: RendezvousState, token: Token | None
     ) -> tuple[RendezvousState, Token | None, bool]:
@@ -51,8 +64,11 @@ class _RendezvousStateHolder:
         raw = encode_state(state)
         result = self.backend.set_state(raw, token)
         if result is None:
+            # The backend cannot tell what is stored (PyTorch's type allows it, and
+            # PyTorch's own test backend answers None even for a write that landed):
+            # read it back; the write won if our state is what is there now.
             stored, new_token = self.load()
-            return stored, new_token, False
+            return stored, new_token, stored == state
         stored_raw, new_token, won = result
         if won:
             return state, new_token, True

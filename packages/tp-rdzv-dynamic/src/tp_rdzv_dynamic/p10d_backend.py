@@ -11,7 +11,7 @@ class P10dRendezvousBackend(StoreKeyBackend):
     """Keeps the rendezvous document of one run where PyTorch's c10d backend keeps its state.
 
     The key is ``torch.rendezvous.<run_id>`` and the value the base64 of the
-    document; the key is created holding PyTorch's placeholder, which means
+    document; the first read creates the key holding PyTorch's placeholder, which means
     that no document is stored (so the document it encodes cannot be stored).
     Values are only ever base64-decoded, never unpickled: a PyTorch node's
     pickled state reads back as opaque bytes. The fencing token is the stored
@@ -24,7 +24,7 @@ class P10dRendezvousBackend(StoreKeyBackend):
     Raises:
         TypeError: ``store`` is not a ``tp_store.Store`` or ``run_id`` not a str.
         ValueError: ``run_id`` is empty or has other characters.
-        RendezvousConnectionError: the store failed while the key was created.
+        RendezvousConnectionError: the store could not be reached.
     """
 
     # PyTorch's placeholder, so that PyTorch nodes sharing the store read it as

@@ -57,6 +57,8 @@ class RendezvousStatus:
         redundancy_list: nodes beyond ``max_nodes``, waiting for a free slot.
         steward: the node deciding for the run, or ``None`` when vacant.
         steward_epoch: the steward generation.
+        exists: whether the store holds anything of the run (a state or a
+            steward lease); a run nobody joined yet reads as round 0, empty.
     """
 
     run_id: str
@@ -69,6 +71,7 @@ class RendezvousStatus:
     redundancy_list: tuple[NodeStatus, ...]
     steward: str | None
     steward_epoch: int
+    exists: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """The snapshot as plain JSON types."""
@@ -119,6 +122,8 @@ def build_status(
     state: RendezvousState,
     lease: Lease | None,
     ages: Mapping[str, float],
+    *,
+    exists: bool = True,
 ) -> RendezvousStatus:
     """Join the state, the lease and the steward's heartbeat ages into a snapshot."""
 
@@ -144,4 +149,5 @@ def build_status(
         redundancy_list=describe(state.redundancy_list, ranked=False),
         steward=(lease.holder or None) if lease is not None else None,
         steward_epoch=lease.epoch if lease is not None else 0,
+        exists=exists,
     )

@@ -19,7 +19,7 @@ class TpRendezvousBackend(StoreKeyBackend):
     Raises:
         TypeError: ``store`` is not a ``tp_store.Store`` or ``run_id`` not a str.
         ValueError: ``run_id`` is empty or has other characters.
-        RendezvousConnectionError: the store failed while the key was created.
+        RendezvousConnectionError: the store could not be reached.
     """
 
     @property

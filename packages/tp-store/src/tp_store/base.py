@@ -3,16 +3,19 @@
 The method names, arguments and results are PyTorch's ``c10d::Store``: keys and
 values are accepted as ``str`` or ``bytes``, values come back as ``bytes``,
 blocking operations honour the store's default timeout unless given one.
+
+As PyTorch's, the base class is not abstract: a store written in Python may
+implement only what it needs (``set`` and ``get``, say); the operations it
+lacks raise :class:`UnsupportedOperationError` when called.
 """
 
 from __future__ import annotations
 
-import abc
 import math
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .errors import StoreError
 from .semantics import INT64_MAX, check_multi_set, check_sequence, int_argument
@@ -29,6 +32,8 @@ _StoreT = TypeVar("_StoreT", bound="Store")
 
 #: PyTorch's default store timeout.
 DEFAULT_TIMEOUT = timedelta(seconds=300)
+#: The operations PyTorch calls the extended API (see :meth:`Store.has_extended_api`).
+EXTENDED_OPERATIONS = ("append", "multi_get", "multi_set")
 
 
 def as_timedelta(timeout: Timeout, what: str = "timeout") -> timedelta:
@@ -74,8 +79,12 @@ def as_keys(keys: Sequence[Data]) -> list[bytes]:
     return [as_bytes(key, "key") for key in keys]
 
 
-class Store(abc.ABC):
-    """A key/value store with blocking waits, counters, queues and barriers."""
+class Store:
+    """A key/value store with blocking waits, counters, queues and barriers.
+
+    Subclasses override the operations they offer; the others raise
+    :class:`UnsupportedOperationError` naming the store and the operation.
+    """
 
     def __init__(self, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
         self._timeout = as_timedelta(timeout)
@@ -94,73 +103,83 @@ class Store(abc.ABC):
         return (self._timeout if timeout is None else as_timedelta(timeout)).total_seconds()
 
     def has_extended_api(self) -> bool:
-        """Whether append, multi_get, multi_set and queues are supported (always)."""
-        return True
+        """Whether the store implements ``append``, ``multi_get`` and ``multi_set`` itself.
+
+        As in PyTorch, a store that inherits them from this class answers
+        ``False`` (the inherited ``multi_get`` and ``multi_set`` still work,
+        one ``get`` or ``set`` per key).
+        """
+        return all(
+            getattr(type(self), name) is not getattr(Store, name) for name in EXTENDED_OPERATIONS
+        )
+
+    def _unsupported(self, operation: str) -> NoReturn:
+        raise UnsupportedOperationError(f"{type(self).__name__} does not implement {operation}()")
 
     # -- the core operations -----------------------------------------------
-    @abc.abstractmethod
     def set(self, key: Data, value: Data) -> None:
         """Store ``value`` under ``key``, waking anyone waiting for it."""
+        self._unsupported("set")
 
-    @abc.abstractmethod
     def get(self, key: Data) -> bytes:
         """Return the value of ``key``, waiting up to the timeout for it to exist."""
+        self._unsupported("get")
 
-    @abc.abstractmethod
     def add(self, key: Data, amount: int) -> int:
         """Add ``amount`` to the decimal counter at ``key`` (missing = 0); return the sum."""
+        self._unsupported("add")
 
-    @abc.abstractmethod
     def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
         """Set ``key`` to ``desired`` iff it holds ``expected``; return the value after.
 
         A missing key with an empty ``expected`` is created; a missing key with a
         non-empty ``expected`` is left missing and ``expected`` is returned.
         """
+        self._unsupported("compare_set")
 
-    @abc.abstractmethod
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError``."""
+        self._unsupported("wait")
 
-    @abc.abstractmethod
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key exists, without blocking."""
+        self._unsupported("check")
 
-    @abc.abstractmethod
     def delete_key(self, key: Data) -> bool:
         """Delete ``key``; return whether it existed."""
+        self._unsupported("delete_key")
 
-    @abc.abstractmethod
     def num_keys(self) -> int:
         """The number of keys held (including internal ones such as ``init/``)."""
+        self._unsupported("num_keys")
 
-    @abc.abstractmethod
     def append(self, key: Data, value: Data) -> None:
         """Append ``value`` to the value of ``key``, creating it if missing."""
+        self._unsupported("append")
 
-    @abc.abstractmethod
     def list_keys(self) -> list[str]:
         """The user keys held, as ``str``."""
+        self._unsupported("list_keys")
 
-    @abc.abstractmethod
     def queue_push(self, key: Data, value: Data) -> None:
         """Push ``value`` onto the queue at ``key``, waking one blocked popper."""
+        self._unsupported("queue_push")
 
-    @abc.abstractmethod
     def queue_pop(self, key: Data, block: bool = True) -> bytes:
         """Pop the oldest value of the queue at ``key``.
 
         With ``block`` it waits up to the timeout for a value; without, an empty
         queue raises ``QueueEmptyError``.
         """
+        self._unsupported("queue_pop")
 
-    @abc.abstractmethod
     def queue_len(self, key: Data) -> int:
         """The number of values in the queue at ``key``."""
+        self._unsupported("queue_len")
 
-    @abc.abstractmethod
     def clone(self) -> Store:
         """A new handle on the same data, safe to use from another thread."""
+        self._unsupported("clone")
 
     # -- operations with a generic implementation ----------------------------
     def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
@@ -173,8 +192,8 @@ class Store(abc.ABC):
         return self.get(key)
 
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
-        """The values of all ``keys``, waiting for all of them to exist."""
-        self.wait(keys)
+        """The values of all ``keys``, waiting for each of them to exist (``get`` per key)."""
+        check_sequence(keys, "keys")
         return [self.get(key) for key in keys]
 
     def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
@@ -201,7 +220,7 @@ class Store(abc.ABC):
         raise UnsupportedOperationError(f"{type(self).__name__} has no store server statistics")
 
     # -- lifetime --------------------------------------------------------------
-    def close(self) -> None:  # noqa: B027 - stores without resources need nothing
+    def close(self) -> None:
         """Release the connection or server this handle owns, if any."""
 
     def __enter__(self: _StoreT) -> _StoreT:

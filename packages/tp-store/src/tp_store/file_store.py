@@ -386,9 +386,19 @@ class FileStore(Store):
         return self._file_name
 
     @property
+    def path(self) -> str:
+        """The path of the shared file (PyTorch's name for :attr:`file_name`)."""
+        return self._file_name
+
+    @property
     def world_size(self) -> int:
         """How many handles must close before the file is removed (-1: never)."""
         return self._world_size
+
+    def has_extended_api(self) -> bool:
+        """True: ``append`` is native, and ``multi_get`` and ``multi_set`` are ``get`` and
+        ``set`` per key."""
+        return True
 
     def clone(self) -> FileStore:
         """A new handle (with its own descriptor and lock) on the same file."""

@@ -58,6 +58,11 @@ class HashStore(Store):
         super().__init__(timeout)
         self._data = _SharedData()
 
+    def has_extended_api(self) -> bool:
+        """True: ``append`` is native, and ``multi_get`` and ``multi_set`` are ``get`` and
+        ``set`` per key."""
+        return True
+
     def clone(self) -> HashStore:
         """A new handle on the same data, with the same default timeout."""
         twin = HashStore(self.timeout)

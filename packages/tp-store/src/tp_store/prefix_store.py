@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from .base import Data, Store, Timeout, as_bytes, as_keys
+from .base import Data, Store, Timeout, as_bytes
 from .protocol import ServerStats
-from .semantics import key_text
+from .semantics import check_sequence, key_text
 
 
 class PrefixStore(Store):
@@ -15,12 +15,22 @@ class PrefixStore(Store):
 
     The timeout, ``num_keys()`` and ``close()`` are those of the underlying
     store; ``list_keys()`` returns only the keys under the prefix, without it.
+    As in PyTorch, the underlying store is called with ``str`` keys (``bytes``
+    for a ``bytes`` key) and ``bytes`` values.
     """
 
     def __init__(self, prefix: str, store: Store) -> None:
+        if store is None:
+            raise ValueError("PrefixStore store argument cannot be None")
+        if not isinstance(store, Store):
+            raise TypeError(f"PrefixStore needs a tp_store.Store, got {type(store).__name__}")
         # The timeout lives in the underlying store, so Store.__init__ is not called.
         self._key_prefix = as_bytes(prefix, "prefix") + b"/"
         self._prefix = key_text(self._key_prefix[:-1])
+        try:
+            self._text_prefix: str | None = self._key_prefix.decode()
+        except UnicodeDecodeError:  # a bytes prefix that is not UTF-8: bytes keys throughout
+            self._text_prefix = None
         self._store = store
 
     @property
@@ -46,15 +56,18 @@ class PrefixStore(Store):
         """Whether the underlying store supports the extended operations."""
         return self._store.has_extended_api()
 
-    def _key(self, key: Data) -> bytes:
+    def _key(self, key: Data) -> Data:
+        if isinstance(key, str) and self._text_prefix is not None:
+            return self._text_prefix + key
         return self._key_prefix + as_bytes(key, "key")
 
-    def _keys(self, keys: Sequence[Data]) -> list[bytes]:
-        return [self._key_prefix + key for key in as_keys(keys)]
+    def _keys(self, keys: Sequence[Data]) -> list[Data]:
+        check_sequence(keys, "keys")
+        return [self._key(key) for key in keys]
 
     def set(self, key: Data, value: Data) -> None:
         """Store ``value`` under ``key``, waking anyone waiting for it."""
-        self._store.set(self._key(key), value)
+        self._store.set(self._key(key), as_bytes(value))
 
     def get(self, key: Data) -> bytes:
         """Return the value of ``key``, waiting up to the timeout for it to exist."""
@@ -70,7 +83,9 @@ class PrefixStore(Store):
 
     def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
         """Set ``key`` to ``desired`` iff it holds ``expected``; return the value after."""
-        return self._store.compare_set(self._key(key), expected, desired)
+        return self._store.compare_set(
+            self._key(key), as_bytes(expected, "expected"), as_bytes(desired, "desired")
+        )
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         """Block until every key exists, or raise ``StoreTimeoutError``."""
@@ -90,7 +105,7 @@ class PrefixStore(Store):
 
     def append(self, key: Data, value: Data) -> None:
         """Append ``value`` to the value of ``key``, creating it if missing."""
-        self._store.append(self._key(key), value)
+        self._store.append(self._key(key), as_bytes(value))
 
     def list_keys(self) -> list[str]:
         """The keys under the prefix, with the prefix removed."""
@@ -103,11 +118,12 @@ class PrefixStore(Store):
 
     def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
         """Set every key to its value, in order."""
-        self._store.multi_set(self._keys(keys), values)
+        check_sequence(values, "values")
+        self._store.multi_set(self._keys(keys), [as_bytes(value) for value in values])
 
     def queue_push(self, key: Data, value: Data) -> None:
         """Push ``value`` onto the queue at ``key``, waking one blocked popper."""
-        self._store.queue_push(self._key(key), value)
+        self._store.queue_push(self._key(key), as_bytes(value))
 
     def queue_pop(self, key: Data, block: bool = True) -> bytes:
         """Pop the oldest value of the queue at ``key`` (see ``Store.queue_pop``)."""

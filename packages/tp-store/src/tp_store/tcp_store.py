@@ -14,6 +14,7 @@ that cannot prove the same secret, PyTorch's included.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -82,8 +83,14 @@ from .security import PathLike, TLSConfig, load_secret
 from .semantics import INT64_MAX, check_multi_set, int_argument, timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
+log = logging.getLogger(__name__)
+
 #: The counter PyTorch clients increment when they join a store with a world size.
 INIT_KEY = b"init/"
+#: Set to a true value by PyTorch's elastic agent when its store serves the workers.
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+_ENV_TRUE = frozenset({"1", "true", "t", "yes", "y"})
+_ENV_FALSE = frozenset({"0", "false", "f", "no", "n"})
 #: User keys carry this prefix on the server, as PyTorch's client does.
 USER_KEY_PREFIX = b"/"
 
@@ -167,6 +174,28 @@ def _check_flags(**flags: object) -> None:
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
 
 
+def _agent_store_serves(port: int) -> bool:
+    """Whether PyTorch's elastic agent hosts the store on ``port`` for this process.
+
+    PyTorch's rule: ``TORCHELASTIC_USE_AGENT_STORE`` is true and ``MASTER_PORT``
+    is ``port``. Read only when a master's server cannot bind, as PyTorch does.
+    """
+    flag = os.environ.get(AGENT_STORE_ENV)
+    if flag is None:
+        return False
+    if flag.lower() not in _ENV_TRUE | _ENV_FALSE:
+        raise ValueError(f"invalid value {flag!r} for environment variable {AGENT_STORE_ENV}")
+    if flag.lower() in _ENV_FALSE or "MASTER_PORT" not in os.environ:
+        return False
+    try:
+        master_port = int(os.environ["MASTER_PORT"].strip())
+    except ValueError:
+        raise ValueError(
+            f"invalid value {os.environ['MASTER_PORT']!r} for environment variable MASTER_PORT"
+        ) from None
+    return master_port == port
+
+
 def _user_key(key: Data) -> bytes:
     return USER_KEY_PREFIX + as_bytes(key, "key")
 
@@ -192,7 +221,8 @@ class TCPStore(Store):
             ``world_size`` users to have joined.
         multi_tenant: masters in this process on the same port share one server.
         master_listen_fd: an already listening socket for the master's server.
-        use_libuv: accepted for compatibility with PyTorch; our server is asyncio.
+        use_libuv: accepted for compatibility with PyTorch (our server is
+            asyncio either way) and reported back by :attr:`libuvBackend`.
         tls_cert: PEM certificate (chain): the master's server serves TLS with
             it; a client presents it to servers that require client certificates.
         tls_key: PEM private key of ``tls_cert`` (omit if ``tls_cert`` holds it).
@@ -210,6 +240,11 @@ class TCPStore(Store):
     A client with a secret refuses a server without one
     (:class:`~tp_store.errors.StoreAuthenticationError`): a misconfiguration
     must not silently leave the store open.
+
+    Under PyTorch's elastic agent (``TORCHELASTIC_USE_AGENT_STORE`` true and
+    ``MASTER_PORT`` equal to ``port``), a master whose server cannot bind
+    becomes a client of the agent's store, as PyTorch's does, instead of
+    failing with "address already in use".
     """
 
     def __init__(  # noqa: PLR0917 - PyTorch's positional signature
@@ -250,6 +285,7 @@ class TCPStore(Store):
         self._host = host_name
         self._port = port
         self._world_size = world_size
+        self._use_libuv = bool(use_libuv)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._recv_timeout = 0.0
@@ -266,7 +302,7 @@ class TCPStore(Store):
             self._connect()
         if world_size is not None and wait_for_workers:
             self._request(Add(INIT_KEY, 1).encode(), ReplyKind.I64)
-            if is_master:
+            if self.server is not None:  # a master under the elastic agent has none
                 self._wait_for_workers(world_size)
 
     # -- properties ---------------------------------------------------------------
@@ -284,6 +320,11 @@ class TCPStore(Store):
     def endpoint(self) -> str:
         """``host:port`` of the server."""
         return format_endpoint(self._host, self._port)
+
+    @property
+    def libuvBackend(self) -> bool:
+        """The ``use_libuv`` flag this store was created with, as PyTorch reports it."""
+        return self._use_libuv
 
     @property
     def uses_extensions(self) -> bool:
@@ -327,6 +368,15 @@ class TCPStore(Store):
                 thread = _start_server(self._host, self._port, listen_fd, security)
                 self._stop_server = weakref.finalize(self, thread.stop)
         except OSError as exc:
+            if _agent_store_serves(self._port):
+                log.warning(
+                    "the store server on %s cannot bind (%s); %s is set, so this master "
+                    "uses the elastic agent's store there",
+                    self.endpoint,
+                    exc,
+                    AGENT_STORE_ENV,
+                )
+                return
             raise StoreConnectionError(
                 f"cannot start the store server on {self.endpoint}: {exc}", self._host, self._port
             ) from exc
@@ -367,8 +417,8 @@ class TCPStore(Store):
             except OSError as exc:
                 if remaining <= delay:
                     raise StoreConnectionError(
-                        f"cannot connect to the store at {self.endpoint} within "
-                        f"{self.timeout}: {exc}",
+                        f"cannot connect to the store at {self.endpoint}: timed out after "
+                        f"{self.timeout} of retries: {exc}",
                         self._host,
                         self._port,
                     ) from exc
@@ -549,7 +599,7 @@ class TCPStore(Store):
             except _TIMED_OUT as exc:
                 self._disconnect()
                 raise StoreTimeoutError(
-                    f"no reply from the store at {self.endpoint} within {self.timeout}"
+                    f"timed out: no reply from the store at {self.endpoint} within {self.timeout}"
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a request") from exc
