@@ -62,8 +62,13 @@ class Package:
     directory: Path
     version: str | None
     dependencies: tuple[str, ...]
-    extras: tuple[str, ...]
+    optional_dependencies: dict[str, tuple[str, ...]]
     wheel_packages: tuple[str, ...]
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        """The requirements of every extra."""
+        return tuple(r for extra in self.optional_dependencies.values() for r in extra)
 
     def stem(self, version: str) -> str:
         """The file name of its sdist and wheel of ``version``, without the suffix."""
@@ -78,14 +83,16 @@ def load_packages(root: Path = ROOT) -> list[Package]:
         project, hatch = config["project"], config["tool"]["hatch"]
         about = (pyproject.parent / hatch["version"]["path"]).read_text(encoding="utf-8")
         version = re.search(r'^__version__ = "([^"]+)"', about, re.MULTILINE)
-        extras = project.get("optional-dependencies", {}).values()
         packages.append(
             Package(
                 name=project["name"],
                 directory=pyproject.parent,
                 version=version[1] if version else None,
                 dependencies=tuple(project.get("dependencies", [])),
-                extras=tuple(r for extra in extras for r in extra),
+                optional_dependencies={
+                    extra: tuple(requirements)
+                    for extra, requirements in project.get("optional-dependencies", {}).items()
+                },
                 wheel_packages=tuple(hatch["build"]["targets"]["wheel"]["packages"]),
             )
         )
@@ -194,10 +201,28 @@ def build(packages: Sequence[Package], out: Path, root: Path = ROOT) -> list[Pat
     return [out / name for name in built]
 
 
+def requirement_extras(requirement: str) -> list[str]:
+    """The extras a requirement string asks for (``tp-store[fast]==1`` gives ``["fast"]``)."""
+    match = re.match(r"[^\s\[(<>=!~;@]+\s*\[([^\]]*)\]", requirement)
+    return [extra.strip() for extra in match[1].split(",")] if match else []
+
+
 def third_party_requirements(packages: Sequence[Package]) -> list[str]:
-    """The runtime requirements of ``packages`` that are not among them, deduplicated."""
-    ours = {requirement_name(package.name) for package in packages}
-    found = (r for p in packages for r in p.dependencies if requirement_name(r) not in ours)
+    """The runtime requirements of ``packages`` that are not among them, deduplicated.
+
+    Those of an extra of ours that one of ours depends on (``tp-store[fast]``) count too.
+    """
+    ours = {requirement_name(package.name): package for package in packages}
+    found = []
+    for package in packages:
+        for requirement in package.dependencies:
+            name = requirement_name(requirement)
+            if name not in ours:
+                found.append(requirement)
+                continue
+            for extra in requirement_extras(requirement):
+                extra_requirements = ours[name].optional_dependencies[extra]
+                found += [r for r in extra_requirements if requirement_name(r) not in ours]
     return list(dict.fromkeys(found))
 
 
