@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from importlib.metadata import entry_points
+from types import SimpleNamespace
+
 import pytest
 
 from tp_rdzv_api import (
@@ -10,6 +16,7 @@ from tp_rdzv_api import (
     create_handler,
     rendezvous_handler_registry,
 )
+from tp_rdzv_api.testing import config_key_warnings
 from tp_rdzv_dynamic import DynamicRendezvousHandler, P10dRendezvousBackend, TpRendezvousBackend
 from tp_rdzv_dynamic.factory import create_store, is_local_address, settings_from
 from tp_store import FileStore, TCPStore
@@ -130,3 +137,44 @@ def test_settings_from_config_strings():
 )
 def test_is_local_address(host, local):
     assert is_local_address(host) is local
+
+
+def torchrun_params(endpoint: str, **config: object) -> SimpleNamespace:
+    """PyTorch's RendezvousParameters as torchrun fills them: attributes, strings, its timeout."""
+    return SimpleNamespace(
+        backend="tp",
+        endpoint=endpoint,
+        run_id="job",
+        min_nodes=2,
+        max_nodes=2,
+        local_addr="127.0.0.1",
+        config={"timeout": 900, "last_call_timeout": "0.1", **config},
+    )
+
+
+def test_the_torchrun_plugin_is_backend_core_named_tp(free_port, caplog):
+    caplog.set_level(logging.WARNING)
+    (entry,) = entry_points(group="torchrun.handlers", name="tp")
+    # torchrun calls the entry point and registers what it returns; twice gives one creator.
+    creator = entry.load()()
+    assert creator is entry.load()()
+    endpoint = f"127.0.0.1:{free_port}"
+    host = creator(torchrun_params(endpoint, is_host="1", keep_alive_interval="1"))
+    guest = creator(torchrun_params(endpoint, is_host="0", join_timeout="30"))
+    assert (host.get_backend(), guest.get_backend()) == ("tp", "tp")
+    assert host._store.server is not None
+    assert guest._store.server is None
+    assert host.settings.keep_alive_interval == timedelta(seconds=1)
+    assert guest.settings.timeout.join == timedelta(seconds=30)
+    with ThreadPoolExecutor(2) as pool:
+        infos = list(pool.map(lambda handler: handler.next_rendezvous(), [host, guest]))
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert config_key_warnings(caplog.records) == []
+    guest.shutdown()
+    host.shutdown()
+
+
+def test_the_torchrun_plugin_names_a_bad_key(free_port):
+    (entry,) = entry_points(group="torchrun.handlers", name="tp")
+    with pytest.raises(ValueError, match="keep_alive_max_attempt"):
+        entry.load()()(torchrun_params(f"127.0.0.1:{free_port}", keep_alive_max_attempt="0"))
