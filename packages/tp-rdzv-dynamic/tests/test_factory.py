@@ -41,7 +41,11 @@ def test_registered_backends(free_port, name, backend_type):
     assert isinstance(handler._holder.backend, backend_type)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
-    assert info.bootstrap_store_info.port == free_port
+    # The workers' store is a server of its own, not the rendezvous store.
+    assert info.bootstrap_store_info.port != free_port
+    worker = TCPStore("127.0.0.1", info.bootstrap_store_info.port, timeout=5)
+    assert worker.num_keys() == 0
+    worker.close()
     handler.shutdown()
 
 

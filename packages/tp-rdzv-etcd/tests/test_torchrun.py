@@ -1,4 +1,4 @@
-"""torchrun's plugin ``tp-etcd``: backend ``etcd`` under the name torchrun asked for, on a real etcd."""
+"""torchrun's plugin ``tp-etcd``: backend ``etcd`` under the name torchrun asked for."""
 
 from __future__ import annotations
 
