@@ -1,6 +1,6 @@
 """A small DDP job on gloo, run by torchrun's workers in the elastic-restart tests.
 
-``python elastic_train.py MARKER_DIR STEPS``. Each worker joins the process
+``python elastic_train.py MARKER_DIR STEPS [fail-first]``. Each worker joins the process
 group through the agent's bootstrap store (``env://``; torchrun sets
 ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_USE_AGENT_STORE``), trains
 ``STEPS`` steps of a tiny DDP model and checks an ``all_reduce`` at every one.
@@ -15,7 +15,8 @@ Attempt 0 does not exit after training: every worker then waits to receive
 from a worker of the other node (or, alone on one node, from its neighbour),
 which never sends. Killing that node breaks the wait with an error, so the
 worker fails and its agent restarts the job: that is the failure under test.
-A later attempt trains and exits 0.
+With ``fail-first``, attempt 0 exits 5 after training instead (a worker
+failure without a dead node). A later attempt trains and exits 0.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def write_marker(directory: Path, name: str, content: dict[str, object]) -> None
 
 def main() -> int:
     markers, steps = Path(sys.argv[1]), int(sys.argv[2])
+    fail_first = sys.argv[3:] == ["fail-first"]
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -67,6 +69,8 @@ def main() -> int:
         "first_step": first_step,
     }
     write_marker(markers, f"trained-a{attempt}-w{world}-r{rank}", report)
+    if attempt == 0 and fail_first:
+        return 5
     if attempt == 0:
         peer = (rank + max(world // 2, 1)) % world
         dist.recv(torch.zeros(1), src=peer)  # never sent: this ends when a node dies

@@ -1,18 +1,34 @@
-"""torchrun on our rendezvous (``--rdzv-backend=tp``): a node dies, the other resumes.
+"""PyTorch's elastic agent on our rendezvous: restarts resume on a fresh bootstrap store.
 
-Two torchrun agents of 2 workers each (``--nnodes=1:2``) train a small DDP
-model on gloo, on ``tp-rdzv store``; one node (agent and workers) is killed
-with SIGKILL once both train. The survivor must resume at its first restart
-(``TORCHELASTIC_RESTART_COUNT`` 1) with its 2 workers, train, and exit 0.
+torchrun (``--rdzv-backend=tp``): two torchrun agents of 2 workers each
+(``--nnodes=1:2``) train a small DDP model on gloo, on ``tp-rdzv store``; one
+node (agent and workers) is killed with SIGKILL once both train. The survivor
+must resume at its first restart (``TORCHELASTIC_RESTART_COUNT`` 1) with its 2
+workers, train, and exit 0. Both ways round: the killed node is group rank 0
+(it hosted the workers' bootstrap store), or group rank 1.
+
+``LocalElasticAgent`` on a handler of our ``create_handler``: one node, whose
+workers fail once after training; the restart (same node, rank 0 again) must
+train and succeed.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from torchrun_job import FAST_FAILOVER, WORKERS_PER_NODE, ElasticJob, start_store
+from torchrun_job import (
+    FAST_FAILOVER,
+    HERE,
+    WORKERS_PER_NODE,
+    ElasticJob,
+    child_env,
+    start_store,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -57,3 +73,32 @@ def test_the_survivor_resumes_at_its_first_restart(
         assert not list(job.markers.glob("*-a2-*")), "the first restart failed"
     finally:
         job.close()
+
+
+def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_endpoint: str) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    agent = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "local_agent.py"),
+            store_endpoint,
+            uuid.uuid4().hex,
+            str(markers),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT + RESUME_TIMEOUT,
+        env=child_env(),
+    )
+    assert agent.returncode == 0, agent.stdout[-6000:] + agent.stderr[-6000:]
+    written = sorted(path.name for path in markers.iterdir())
+    assert written == [
+        "done-a1-r0",
+        "done-a1-r1",
+        "trained-a0-w2-r0",
+        "trained-a0-w2-r1",
+        "trained-a1-w2-r0",
+        "trained-a1-w2-r1",
+    ]

@@ -33,6 +33,14 @@ STEPS = 5
 _POLL = 0.05
 
 
+def child_env() -> dict[str, str]:
+    """The environment of agents: LOGLEVEL makes torch's agent log its rendezvous and
+    restarts (shown when a test fails)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", LOGLEVEL="INFO")
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return env
+
+
 class JobError(AssertionError):
     """The job did not do what was awaited; the message carries the agents' logs."""
 
@@ -96,9 +104,7 @@ class ElasticJob:
         self.nodes: list[Node] = []
 
     def start(self) -> None:
-        # LOGLEVEL: torchrun's agent logs its rendezvous and restarts (shown on failure).
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", LOGLEVEL="INFO")
-        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        env = child_env()
         for index in range(NODES):
             log = self._logs / f"agent{index}.log"
             with log.open("wb") as out:
