@@ -8,7 +8,8 @@ It reports through JSON files in ``MARKER_DIR`` (written whole, then renamed):
 
 - ``trained-a{attempt}-w{world}-r{rank}``: the steps of this attempt are done
   (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``), with the worker's and its
-  agent's pids, its group rank and the time of its first step;
+  agent's pids, its group rank, when its process started and the time of
+  its first step;
 - ``done-a{attempt}-r{rank}``: the worker is exiting with 0.
 
 Attempt 0 does not exit after training: every worker then waits to receive
@@ -21,16 +22,19 @@ failure without a dead node). A later attempt trains and exits 0.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-from datetime import timedelta
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+STARTED = time.time()  # before torch's imports, which take seconds on a loaded machine
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 
 def write_marker(directory: Path, name: str, content: dict[str, object]) -> None:
@@ -66,6 +70,7 @@ def main() -> int:
         "pid": os.getpid(),
         "agent_pid": os.getppid(),
         "group_rank": int(os.environ["GROUP_RANK"]),
+        "started": STARTED,
         "first_step": first_step,
     }
     write_marker(markers, f"trained-a{attempt}-w{world}-r{rank}", report)

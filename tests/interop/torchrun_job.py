@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,7 +69,6 @@ class Node:
 
     proc: subprocess.Popen[bytes]
     log: Path
-    worker_pids: set[int] = field(default_factory=set)
     killed: bool = False
 
 
@@ -138,11 +137,7 @@ class ElasticJob:
     def wait_until_training(self, timeout: float) -> dict[str, dict[str, Any]]:
         """Both nodes trained attempt 0 together (world 4); which worker is whose."""
         world = NODES * WORKERS_PER_NODE
-        trained = self.wait_for([f"trained-a0-w{world}-r{rank}" for rank in range(world)], timeout)
-        for report in trained.values():
-            node = self.node_of(report["agent_pid"])
-            node.worker_pids.add(report["pid"])
-        return trained
+        return self.wait_for([f"trained-a0-w{world}-r{rank}" for rank in range(world)], timeout)
 
     def node_of(self, agent_pid: int) -> Node:
         for node in self.nodes:
@@ -151,13 +146,17 @@ class ElasticJob:
         raise JobError(f"no agent of ours has pid {agent_pid}{self.logs()}")
 
     def kill(self, node: Node) -> float:
-        """SIGKILL the node's agent and its workers (each in a session of its own);
-        the wall-clock time of the kill."""
+        """SIGKILL the node: its agent's process group and its workers (each the leader
+        of a session of its own); the wall-clock time of the kill."""
         node.killed = True
         killed_at = time.time()
-        for leader in (node.proc.pid, *node.worker_pids):
+        # Stopped first, the agent starts no worker between the listing and the kill.
+        os.killpg(node.proc.pid, signal.SIGSTOP)
+        workers = _children(node.proc.pid)
+        os.killpg(node.proc.pid, signal.SIGKILL)
+        for worker in workers:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(leader, signal.SIGKILL)
+                os.killpg(worker, signal.SIGKILL)
         node.proc.wait()
         return killed_at
 
@@ -181,7 +180,17 @@ class ElasticJob:
         for node in self.nodes:
             if node.proc.poll() is None:
                 self.kill(node)
-        for marker in self.markers.glob("trained-*"):
-            pid = json.loads(marker.read_text())["pid"]
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (name) state ppid ...": the name may hold spaces and parentheses.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process is gone
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
