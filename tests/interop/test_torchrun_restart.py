@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 from torchrun_job import (
-    FAST_FAILOVER,
     HERE,
+    RDZV_CONF,
     WORKERS_PER_NODE,
     ElasticJob,
     child_env,
@@ -52,18 +52,10 @@ def store_endpoint(tmp_path: Path) -> Iterator[str]:
 def test_the_survivor_resumes_at_its_first_restart(
     tmp_path: Path, store_endpoint: str, killed_group_rank: int
 ) -> None:
-    job = ElasticJob(tmp_path, "tp", store_endpoint, f"{FAST_FAILOVER},join_timeout=300")
+    job = ElasticJob(tmp_path, "tp", store_endpoint, RDZV_CONF)
     try:
         job.start()
-        trained = job.wait_until_training(START_TIMEOUT)
-        victim = next(
-            job.node_of(report["agent_pid"])
-            for report in trained.values()
-            if report["group_rank"] == killed_group_rank
-        )
-        (survivor,) = (node for node in job.nodes if node is not victim)
-        job.kill(victim)
-
+        survivor, _ = job.kill_group_rank(killed_group_rank, START_TIMEOUT)
         ranks = range(WORKERS_PER_NODE)
         resumed = job.wait_for([f"done-a1-r{rank}" for rank in ranks], RESUME_TIMEOUT)
         assert job.wait_exit(survivor, RESUME_TIMEOUT) == 0, job.logs()

@@ -25,6 +25,8 @@ HERE = Path(__file__).resolve().parent
 TRAIN_SCRIPT = HERE / "elastic_train.py"
 #: The rendezvous settings of the restart figure (and of the test).
 FAST_FAILOVER = "keep_alive_interval=1,keep_alive_max_attempt=2,last_call_timeout=1"
+#: torchrun's --rdzv-conf for both: FAST_FAILOVER, and time for a loaded machine to start.
+RDZV_CONF = f"{FAST_FAILOVER},join_timeout=300"
 NODES = 2
 WORKERS_PER_NODE = 2
 #: Steps of each attempt.
@@ -138,6 +140,18 @@ class ElasticJob:
         """Both nodes trained attempt 0 together (world 4); which worker is whose."""
         world = NODES * WORKERS_PER_NODE
         return self.wait_for([f"trained-a0-w{world}-r{rank}" for rank in range(world)], timeout)
+
+    def kill_group_rank(self, group_rank: int, timeout: float) -> tuple[Node, float]:
+        """Once both nodes train, SIGKILL the one of ``group_rank``; the survivor and the
+        wall-clock time of the kill."""
+        trained = self.wait_until_training(timeout)
+        victim = next(
+            self.node_of(report["agent_pid"])
+            for report in trained.values()
+            if report["group_rank"] == group_rank
+        )
+        (survivor,) = (node for node in self.nodes if node is not victim)
+        return survivor, self.kill(victim)
 
     def node_of(self, agent_pid: int) -> Node:
         for node in self.nodes:
