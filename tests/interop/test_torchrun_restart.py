@@ -27,6 +27,7 @@ from torchrun_job import (
     WORKERS_PER_NODE,
     ElasticJob,
     child_env,
+    kill_agent,
     start_store,
 )
 
@@ -70,21 +71,22 @@ def test_the_survivor_resumes_at_its_first_restart(
 def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_endpoint: str) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
-    agent = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "local_agent.py"),
-            store_endpoint,
-            uuid.uuid4().hex,
-            str(markers),
-        ],
-        check=False,
-        capture_output=True,
+    command = [sys.executable, str(HERE / "local_agent.py"), store_endpoint, uuid.uuid4().hex]
+    agent = subprocess.Popen(
+        [*command, str(markers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=START_TIMEOUT + RESUME_TIMEOUT,
         env=child_env(),
+        start_new_session=True,
     )
-    assert agent.returncode == 0, agent.stdout[-6000:] + agent.stderr[-6000:]
+    try:
+        output, _ = agent.communicate(timeout=START_TIMEOUT + RESUME_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        kill_agent(agent)  # and its workers
+        output, _ = agent.communicate()
+        pytest.fail(f"the agent still ran after {START_TIMEOUT + RESUME_TIMEOUT} s:\n{output}")
+    assert agent.returncode == 0, output[-8000:]
     written = sorted(path.name for path in markers.iterdir())
     assert written == [
         "done-a1-r0",

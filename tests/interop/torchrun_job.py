@@ -164,14 +164,7 @@ class ElasticJob:
         of a session of its own); the wall-clock time of the kill."""
         node.killed = True
         killed_at = time.time()
-        # Stopped first, the agent starts no worker between the listing and the kill.
-        os.killpg(node.proc.pid, signal.SIGSTOP)
-        workers = _children(node.proc.pid)
-        os.killpg(node.proc.pid, signal.SIGKILL)
-        for worker in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker, signal.SIGKILL)
-        node.proc.wait()
+        kill_agent(node.proc)
         return killed_at
 
     def wait_exit(self, node: Node, timeout: float) -> int:
@@ -194,6 +187,20 @@ class ElasticJob:
         for node in self.nodes:
             if node.proc.poll() is None:
                 self.kill(node)
+
+
+def kill_agent(agent: subprocess.Popen[Any]) -> None:
+    """SIGKILL an agent started in a session of its own, and its workers (PyTorch starts
+    each in a session of its own too); wait for the agent."""
+    with contextlib.suppress(ProcessLookupError):  # it has exited and been reaped
+        # Stopped first, the agent starts no worker between the listing and the kill.
+        os.killpg(agent.pid, signal.SIGSTOP)
+        workers = _children(agent.pid)
+        os.killpg(agent.pid, signal.SIGKILL)
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker, signal.SIGKILL)
+    agent.wait()
 
 
 def _children(pid: int) -> list[int]:
