@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -292,3 +293,38 @@ def test_timeout_accepts_timedelta_and_partial_config() -> None:
 def test_timeout_bad_values_name_the_key(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"option '{key}'"):
         _ = make(**{key: value}).timeout
+
+
+def test_convert_keeps_ours_and_copies_pytorch_style_parameters() -> None:
+    ours = RendezvousParameters("core", "h:1", "job")
+    assert RendezvousParameters.convert(ours) is ours
+    # PyTorch's RendezvousParameters: the same attributes, the options in `config`.
+    foreign = SimpleNamespace(
+        backend="tp",
+        endpoint="h:1",
+        run_id="job",
+        min_nodes=1,
+        max_nodes=3,
+        local_addr="10.0.0.1",
+        config={"last_call_timeout": "1.5", "timeout": 900},
+    )
+    converted = RendezvousParameters.convert(foreign)
+    assert repr(converted) == (
+        "RendezvousParameters(backend='tp', endpoint='h:1', run_id='job', min_nodes=1, "
+        "max_nodes=3, local_addr='10.0.0.1', node_rank=0, local_world_size=1, "
+        "config={'last_call_timeout': '1.5', 'timeout': 900})"
+    )
+    assert converted.timeout.last_call == timedelta(seconds=1.5)
+    converted.config["extra"] = 1
+    assert "extra" not in foreign.config  # a copy
+
+
+def test_convert_checks_what_it_copies() -> None:
+    foreign = SimpleNamespace(
+        backend="tp", endpoint="h:1", run_id="job", min_nodes=0, max_nodes=1, local_addr=None
+    )
+    with pytest.raises(TypeError, match=r"\(no config\)"):
+        RendezvousParameters.convert(foreign)
+    foreign.config = {}
+    with pytest.raises(ValueError, match="min_nodes must be >= 1"):
+        RendezvousParameters.convert(foreign)

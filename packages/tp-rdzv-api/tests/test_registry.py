@@ -7,7 +7,9 @@ import textwrap
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -163,8 +165,27 @@ def test_creator_must_be_callable(registry: RendezvousHandlerRegistry) -> None:
 
 
 def test_create_handler_needs_parameters(registry: RendezvousHandlerRegistry) -> None:
-    with pytest.raises(TypeError, match="needs RendezvousParameters"):
+    with pytest.raises(TypeError, match=r"expected RendezvousParameters .*\(no backend, "):
         registry.create_handler("static")  # type: ignore[arg-type]
+
+
+def test_create_handler_takes_pytorch_style_parameters(registry: RendezvousHandlerRegistry) -> None:
+    # What torchrun hands its creators: PyTorch's RendezvousParameters, read by attribute.
+    registry.register("odd", creator_for("odd"))
+    foreign = SimpleNamespace(
+        backend="odd",
+        endpoint="h:1",
+        run_id="job",
+        min_nodes=1,
+        max_nodes=2,
+        local_addr=None,
+        config={"join_timeout": "7"},
+    )
+    handler = registry.create_handler(foreign)  # type: ignore[arg-type]
+    assert isinstance(handler, FakeHandler)
+    assert isinstance(handler.params, RendezvousParameters)
+    assert (handler.params.run_id, handler.params.max_nodes) == ("job", 2)
+    assert handler.params.timeout.join == timedelta(seconds=7)
 
 
 def test_concurrent_registration_keeps_one_creator(registry: RendezvousHandlerRegistry) -> None:

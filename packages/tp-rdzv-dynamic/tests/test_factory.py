@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from importlib.metadata import entry_points
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +19,7 @@ from tp_rdzv_api import (
     create_handler,
     rendezvous_handler_registry,
 )
+from tp_rdzv_api.testing import config_key_warnings
 from tp_rdzv_dynamic import DynamicRendezvousHandler, P10dRendezvousBackend, TpRendezvousBackend
 from tp_rdzv_dynamic.factory import create_store, is_local_address, settings_from
 from tp_store import FileStore, TCPStore
@@ -38,7 +44,11 @@ def test_registered_backends(free_port, name, backend_type):
     assert isinstance(handler._holder.backend, backend_type)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
-    assert info.bootstrap_store_info.port == free_port
+    # The workers' store is a server of its own, not the rendezvous store.
+    assert info.bootstrap_store_info.port != free_port
+    worker = TCPStore("127.0.0.1", info.bootstrap_store_info.port, timeout=5)
+    assert worker.num_keys() == 0
+    worker.close()
     handler.shutdown()
 
 
@@ -185,3 +195,44 @@ def test_a_liveness_bound_too_long_for_a_timedelta_names_the_options():
     huge = params("core", "127.0.0.1:1", keep_alive_max_attempt=str(10**30))
     with pytest.raises(ValueError, match="keep_alive_interval x keep_alive_max_attempt"):
         settings_from(huge)
+
+
+def torchrun_params(endpoint: str, **config: object) -> SimpleNamespace:
+    """PyTorch's RendezvousParameters as torchrun fills them: attributes, strings, its timeout."""
+    return SimpleNamespace(
+        backend="tp",
+        endpoint=endpoint,
+        run_id="job",
+        min_nodes=2,
+        max_nodes=2,
+        local_addr="127.0.0.1",
+        config={"timeout": 900, "last_call_timeout": "0.1", **config},
+    )
+
+
+def test_the_torchrun_plugin_is_backend_core_named_tp(free_port, caplog):
+    caplog.set_level(logging.WARNING)
+    (entry,) = entry_points(group="torchrun.handlers", name="tp")
+    # torchrun calls the entry point and registers what it returns; twice gives one creator.
+    creator = entry.load()()
+    assert creator is entry.load()()
+    endpoint = f"127.0.0.1:{free_port}"
+    host = creator(torchrun_params(endpoint, is_host="1", keep_alive_interval="1"))
+    guest = creator(torchrun_params(endpoint, is_host="0", join_timeout="30"))
+    assert (host.get_backend(), guest.get_backend()) == ("tp", "tp")
+    assert host._store.server is not None
+    assert guest._store.server is None
+    assert host.settings.keep_alive_interval == timedelta(seconds=1)
+    assert guest.settings.timeout.join == timedelta(seconds=30)
+    with ThreadPoolExecutor(2) as pool:
+        infos = list(pool.map(lambda handler: handler.next_rendezvous(), [host, guest]))
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert config_key_warnings(caplog.records) == []
+    guest.shutdown()
+    host.shutdown()
+
+
+def test_the_torchrun_plugin_names_a_bad_key(free_port):
+    (entry,) = entry_points(group="torchrun.handlers", name="tp")
+    with pytest.raises(ValueError, match="keep_alive_max_attempt"):
+        entry.load()()(torchrun_params(f"127.0.0.1:{free_port}", keep_alive_max_attempt="0"))

@@ -15,7 +15,6 @@ from tp_rdzv_api import (
     RendezvousExhaustedError,
     RendezvousInfo,
     RendezvousStateError,
-    RendezvousStoreInfo,
     RendezvousTimeout,
 )
 from tp_rdzv_dynamic import (
@@ -27,7 +26,7 @@ from tp_rdzv_dynamic import (
     _RendezvousStateHolder,
 )
 from tp_rdzv_dynamic.state import decode_state
-from tp_store import PrefixStore, TCPStore
+from tp_store import PrefixStore, StoreError, TCPStore
 
 
 def test_three_nodes_agree(make_node, server):
@@ -39,8 +38,39 @@ def test_three_nodes_agree(make_node, server):
     assert len(lists) == 1
     for handler, info in zip(handlers, infos, strict=True):
         assert info.participants[info.rank] == handler.node
-        assert info.bootstrap_store_info == RendezvousStoreInfo("127.0.0.1", server.port)
         assert isinstance(info.store, PrefixStore)
+    # One bootstrap store for the round, not the rendezvous store.
+    (bootstrap,) = {info.bootstrap_store_info for info in infos}
+    assert bootstrap.master_addr == "127.0.0.1"
+    assert bootstrap.port != server.port
+
+
+def test_every_round_bootstraps_on_a_fresh_store(make_node, server):
+    """What a restarted worker of round 2 finds: none of round 1's keys (gloo's, say)."""
+    handlers = [make_node(2, 2) for _ in range(2)]
+    first = rendezvous_all(handlers)
+    (old,) = {info.bootstrap_store_info for info in first}
+    worker = TCPStore(old.master_addr, old.port, timeout=5)
+    worker.set("default_pg/0//cpu//0/0", "round 1's address")
+    assert all(handler.use_agent_store for handler in handlers)
+
+    second = rendezvous_all(handlers)
+    (new,) = {info.bootstrap_store_info for info in second}
+    assert new != old
+    fresh = TCPStore(new.master_addr, new.port, timeout=5)
+    assert not fresh.check(["default_pg/0//cpu//0/0"])
+    fresh.close()
+    # The server of round 1 is gone: it is shut down when its host joins again.
+    with pytest.raises(StoreError):
+        worker.get("default_pg/0//cpu//0/0")
+    worker.close()
+    with pytest.raises(StoreError):
+        TCPStore(old.master_addr, old.port, timeout=1)
+
+    rank0 = next(h for h, info in zip(handlers, second, strict=True) if info.rank == 0)
+    assert rank0.shutdown()
+    with pytest.raises(StoreError):
+        TCPStore(new.master_addr, new.port, timeout=1)
 
 
 def test_round_stores_are_separate_and_shared(make_node):

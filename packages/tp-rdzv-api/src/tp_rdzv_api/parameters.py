@@ -118,6 +118,28 @@ class RendezvousParameters:
         self.local_world_size: int = _check_int("local_world_size", local_world_size, 1)
         self.config: dict[str, Any] = self._merge_config(config, kwargs)
 
+    @classmethod
+    def convert(cls, params: object) -> RendezvousParameters:
+        """``params`` as our parameters: itself when it is ours, else a copy.
+
+        The copy is of any object with PyTorch's attributes ``backend``,
+        ``endpoint``, ``run_id``, ``min_nodes``, ``max_nodes``, ``local_addr``
+        and ``config`` (a mapping), as torchrun and PyTorch's
+        ``RendezvousParameters`` give them; the values are checked as the
+        constructor checks them. Anything else is a ``TypeError`` naming the
+        missing attributes.
+        """
+        if isinstance(params, cls):
+            return params
+        fields = ("backend", "endpoint", "run_id", "min_nodes", "max_nodes", "local_addr", "config")
+        missing = [name for name in fields if not hasattr(params, name)]
+        if missing:
+            raise TypeError(
+                f"expected RendezvousParameters (ours or PyTorch's), got {params!r} "
+                f"(no {', '.join(missing)})"
+            )
+        return cls(**{name: getattr(params, name) for name in fields})
+
     @staticmethod
     def _merge_config(config: object, kwargs: dict[str, Any]) -> dict[str, Any]:
         if config is None:

@@ -157,13 +157,14 @@ class RendezvousHandlerRegistry:
     def create_handler(self, params: RendezvousParameters) -> RendezvousHandler:
         """Create the handler of ``params.backend``.
 
+        PyTorch's ``RendezvousParameters`` are accepted too (converted by
+        :meth:`RendezvousParameters.convert`; anything else is a ``TypeError``).
         Raises ``ValueError`` for an unknown backend (listing the known ones),
         ``TypeError`` when the creator returns something that is not a
         ``RendezvousHandler``, and ``RuntimeError`` when the handler's
         ``get_backend()`` is not the requested name.
         """
-        if not isinstance(params, RendezvousParameters):
-            raise TypeError(f"create_handler needs RendezvousParameters, got {params!r}")
+        params = RendezvousParameters.convert(params)
         creator = self.get_creator(params.backend)
         handler = creator(params)
         if not isinstance(handler, RendezvousHandler):

@@ -100,7 +100,10 @@ def build_handler(
     ``open_store``'s): any other key of ``params`` is named in a warning. The
     settings are checked before the store opens; the store is closed again if
     the handler cannot be built. Other backends (``etcd``) build on this.
+    PyTorch's ``RendezvousParameters`` (what torchrun passes) are converted
+    first (:meth:`RendezvousParameters.convert`).
     """
+    params = RendezvousParameters.convert(params)
     warn_unknown_config_keys(params, name, config_keys)
     # Before any store is opened or hosted: the run id becomes part of its keys.
     check_run_id(params.run_id, "rendezvous")

@@ -28,7 +28,6 @@ from tp_rdzv_api import (
     RendezvousTimeout,
     RendezvousTimeoutError,
 )
-from tp_rdzv_api.info import WILDCARD_HOSTS, unwrap_store
 from tp_store import PrefixStore, Store, StoreError, TCPStore
 
 from .backend import RendezvousBackend
@@ -137,6 +136,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._heartbeat_stop: threading.Event | None = None
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
+        # Rank 0's server for the workers of its last round (see _bootstrap_info).
+        self._bootstrap_server: TCPStore | None = None
 
     @classmethod
     def from_backend(  # noqa: PLR0917 - PyTorch's signature
@@ -197,8 +198,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        """Whether workers can reuse the agent-held store as their bootstrap store."""
-        return isinstance(unwrap_store(self._store), TCPStore)
+        """Whether workers can reuse the agent-held store as their bootstrap store.
+
+        Always: rank 0's handler hosts a fresh store server for every round's
+        workers (``bootstrap_store_info``), whatever store the rendezvous is on.
+        """
+        return True
 
     def is_closed(self) -> bool:
         """Whether the rendezvous has been marked closed."""
@@ -221,6 +226,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousStateError: the stored state is corrupt.
         """
         self._stop_heartbeats()
+        # The agent stopped the workers of the last round before asking again.
+        self._close_bootstrap_server()
         board, node = self._board, self._node
         now = started = time.monotonic()
         deadline = now + self._settings.timeout.join.total_seconds()
@@ -376,6 +383,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return False
         finally:
             self._stop_steward()
+            self._close_bootstrap_server()
             if self._watcher is not None:
                 self._watcher.store.close()
                 self._watcher = None
@@ -519,11 +527,33 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     def _bootstrap_info(self, rank: int, round_store: Store) -> RendezvousStoreInfo:
-        base = unwrap_store(self._store)
-        if isinstance(base, TCPStore) and base.host not in WILDCARD_HOSTS:
-            # Workers reuse the rendezvous store: every node knows its endpoint.
-            return RendezvousStoreInfo(base.host, base.port)
-        return RendezvousStoreInfo.build(rank, round_store, local_addr=self._node.addr)
+        """Where the workers of this round bootstrap: an empty store of their own.
+
+        Rank 0 hosts a new server per round and publishes its address in the
+        round's namespace, where the other nodes read it. Workers of a
+        restarted job so never meet keys of an earlier attempt (gloo's
+        addresses, c10d's barriers), as they would on the rendezvous store.
+        """
+        if rank != 0:
+            try:
+                return RendezvousStoreInfo.build(rank, round_store)
+            except StoreError as exc:
+                raise self._board_error("reading the address of the bootstrap store", exc) from exc
+        addr = self._node.addr
+        try:
+            server = TCPStore(addr, 0, is_master=True, wait_for_workers=False)
+        except StoreError as exc:
+            raise RendezvousConnectionError(
+                f"rendezvous {self.get_run_id()!r}: cannot host the workers' bootstrap store "
+                f"on {addr!r} (give this node's address as local_addr): {exc}"
+            ) from exc
+        self._bootstrap_server = server
+        return RendezvousStoreInfo.build(0, round_store, local_addr=addr, server_port=server.port)
+
+    def _close_bootstrap_server(self) -> None:
+        if self._bootstrap_server is not None:
+            self._bootstrap_server.close()
+            self._bootstrap_server = None
 
     def _start_heartbeats(self) -> None:
         stop = threading.Event()

