@@ -73,6 +73,21 @@ def test_every_round_bootstraps_on_a_fresh_store(make_node, server):
         TCPStore(new.master_addr, new.port, timeout=1)
 
 
+def test_a_local_addr_it_cannot_listen_on_bootstraps_on_every_interface(make_node, caplog):
+    # A cloud's public DNS name reaches the node through NAT and is no address of it;
+    # the workers dial local_addr, so the bootstrap store must still be there.
+    handlers = [make_node(2, 2, local_addr=name) for name in ("node0.invalid", "node1.invalid")]
+    infos = rendezvous_all(handlers)
+    (bootstrap,) = {info.bootstrap_store_info for info in infos}
+    assert bootstrap.master_addr.endswith(".invalid")
+    worker = TCPStore("127.0.0.1", bootstrap.port, timeout=5)  # listening on every interface
+    worker.set("k", "v")
+    worker.close()
+    warnings = [r for r in caplog.records if "bootstrap store listens on every" in r.getMessage()]
+    assert len(warnings) == 1
+    assert bootstrap.master_addr in warnings[0].getMessage()
+
+
 def test_round_stores_are_separate_and_shared(make_node):
     handlers = [make_node(2, 2) for _ in range(2)]
     first = rendezvous_all(handlers)

@@ -543,12 +543,26 @@ class DynamicRendezvousHandler(RendezvousHandler):
         try:
             server = TCPStore(addr, 0, is_master=True, wait_for_workers=False)
         except StoreError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {self.get_run_id()!r}: cannot host the workers' bootstrap store "
-                f"on {addr!r} (give this node's address as local_addr): {exc}"
-            ) from exc
+            # local_addr may reach this node through NAT (a cloud's public name) or
+            # not resolve here at all: listen on every interface, as PyTorch's store
+            # does; the workers still dial local_addr.
+            self._event(
+                logging.WARNING,
+                "bootstrap_store_on_all_interfaces",
+                f"cannot listen on local_addr {addr!r} ({exc}); the workers' bootstrap "
+                "store listens on every interface",
+            )
+            server = self._bootstrap_store_on_all_interfaces()
         self._bootstrap_server = server
         return RendezvousStoreInfo.build(0, round_store, local_addr=addr, server_port=server.port)
+
+    def _bootstrap_store_on_all_interfaces(self) -> TCPStore:
+        try:
+            return TCPStore("", 0, is_master=True, wait_for_workers=False)
+        except StoreError as exc:
+            raise RendezvousConnectionError(
+                f"rendezvous {self.get_run_id()!r}: cannot host the workers' bootstrap store: {exc}"
+            ) from exc
 
     def _close_bootstrap_server(self) -> None:
         if self._bootstrap_server is not None:
