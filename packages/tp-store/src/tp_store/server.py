@@ -253,13 +253,14 @@ class _Connection(asyncio.Protocol):
         """Whether this connection waits in WAIT, WAIT_GET or BARRIER."""
         return self._pending is not None
 
-    @property
-    def held_bytes(self) -> int:
-        """Bytes the server holds for this connection: its request being received,
-        the replies it has not read, its parked wait."""
+    def recount(self) -> int:
+        """Bytes the server holds for this connection now (its request being
+        received, the replies it has not read, its parked wait), as counted in
+        the memory budget from now on."""
         transport = self._transport
-        unread = 0 if transport is None else transport.get_write_buffer_size()
-        return self._parser.buffered + unread + self._pending_bytes
+        if self._writing_paused and transport is not None:
+            self._unread = transport.get_write_buffer_size()
+        return self._buffered + self._unread + self._pending_bytes
 
     # -- asyncio callbacks ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -821,8 +822,8 @@ class StoreServer:
     def _check_memory(self) -> None:
         """Drop the connections holding the most until the memory budget is met."""
         self._memory_check = None
-        holders = [(c.held_bytes, c) for c in self.connections]
-        total = sum(size for size, _ in holders)
+        holders = [(c.recount(), c) for c in self.connections]
+        total = self.held = sum(size for size, _ in holders)
         if total <= self.memory_budget:
             return
         holders.sort(key=lambda holder: holder[0], reverse=True)
