@@ -122,6 +122,15 @@ def records(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRe
 # ---------------------------------------------------------------------------
 
 
+def shrink_send_buffers(thread: ServerThread) -> None:
+    """Give the server's connections a send buffer of a few KiB (on its loop)."""
+    for connection in thread.server.connections:
+        transport = connection._transport
+        assert transport is not None
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+
 def connect_when_there_is_room(port: int, **options: object) -> TCPStore:
     """Our client, retrying while the server is at its connection limit (up to TIMEOUT)."""
     stores: list[TCPStore] = []
@@ -148,12 +157,15 @@ def test_pre_auth_clients_that_stop_reading_cannot_hold_the_connection_slots(
     ) as thread:
         port = thread.server.port
         # As many connections as the server takes send VALIDATE, then PINGs
-        # into a small receive window (more replies than the kernel buffers),
-        # and never read.
-        flood = Validate().encode() + Ping(1).encode() * 2_500_000
+        # into a small receive window, and never read. The server's send
+        # buffers are small too, so that its replies back up at once.
         flooders = [small_window_socket(port) for _ in range(4)]
         for sock in flooders:
-            send_ignoring_resets(sock, flood, timeout=1.0)
+            sock.sendall(Validate().encode())
+        wait_until(lambda: open_count(thread) == 4, "the server has every connection")
+        on_loop(thread, lambda: shrink_send_buffers(thread))
+        for sock in flooders:
+            send_ignoring_resets(sock, Ping(1).encode() * 200_000, timeout=1.0)
         # Every one of them is dropped, and a client with the secret gets in.
         wait_until(lambda: open_count(thread) == 0, "every hostile connection is gone")
         store = connect_when_there_is_room(port, secret=SECRET)

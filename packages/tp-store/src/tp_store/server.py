@@ -19,6 +19,14 @@ handshake and authentication included) must arrive whole within it from its
 first byte, which defeats clients trickling bytes to hold the server's memory
 and connection slots. A connection idle between requests, or parked in a WAIT,
 is never timed out: rendezvous nodes wait for minutes.
+
+Against many clients at once: each connection is served a bounded batch of
+requests per turn of the event loop (no client starves the others by
+pipelining), and ``memory_budget`` bounds what all of them hold together
+(requests being received, replies not read, parked waits): over it, the
+connections holding the most are dropped. Before authenticating, a
+connection may send only small handshake and authentication requests, and
+its timeout runs whether or not it reads its replies.
 """
 
 from __future__ import annotations
