@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 try:
     import tp_store
@@ -74,6 +75,8 @@ from tp_store.protocol import (
 from tp_store.tcp_store import TCPStore
 
 LISTENING = re.compile(r"^listening on (?:\[(?P<v6>[^\]]+)\]|(?P<v4>[^:]+)):(?P<port>\d+)$")
+#: The server's summary of the warnings about bad connections it did not log.
+SUPPRESSED = re.compile(r" tp_store\.server suppressed (\d+) more log line")
 #: Seconds any single network step may take before it counts as a hang.
 STEP_TIMEOUT = 30.0
 _U64 = struct.Struct("<Q")
@@ -125,6 +128,11 @@ class FuzzReport:
     wellbehaved_ops_done: int = 0
     wellbehaved_ops_failed: int = 0
     wellbehaved_failures: list[str] = dataclasses.field(default_factory=list)
+    #: The slowest call of the well-behaved main client (seconds), and how many took over 1 s.
+    wellbehaved_worst_call_s: float = 0.0
+    wellbehaved_calls_over_1s: int = 0
+    wellbehaved_call_p50_ms: float = 0.0
+    wellbehaved_call_p99_ms: float = 0.0
     peak_server_rss_kib: int = 0
     final_server_rss_kib: int = 0
     elapsed_s: float = 0.0
@@ -155,6 +163,12 @@ class FuzzReport:
             ("health probes failed", f"{self.health_probes_failed} of {self.health_probes}"),
             ("well-behaved ops done", self.wellbehaved_ops_done),
             ("well-behaved ops failed", self.wellbehaved_ops_failed),
+            (
+                "well-behaved call p50 / p99 / worst",
+                f"{self.wellbehaved_call_p50_ms:.2f} ms / {self.wellbehaved_call_p99_ms:.2f} ms"
+                f" / {self.wellbehaved_worst_call_s * 1e3:.1f} ms",
+            ),
+            ("well-behaved calls over 1 s", self.wellbehaved_calls_over_1s),
             ("peak server RSS (VmHWM)", f"{self.peak_server_rss_kib / 1024:.1f} MiB"),
             ("final server RSS", f"{self.final_server_rss_kib / 1024:.1f} MiB"),
             ("elapsed", f"{self.elapsed_s:.1f} s"),
@@ -405,8 +419,29 @@ class FrameMaker:
 # ---------------------------------------------------------------------------
 
 
+class TimedStore:
+    """A store whose every call is timed into :attr:`durations` (seconds)."""
+
+    def __init__(self, store: TCPStore) -> None:
+        self.untimed = store
+        self.durations: list[float] = []
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.untimed, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.durations.append(time.perf_counter() - began)
+
+        return timed
+
+
 class WellBehaved:
-    """Two TCPStore clients checking every answer while the fuzzer runs."""
+    """Two TCPStore clients checking every answer while the fuzzer runs; the main
+    one's calls are timed (the cross one blocks on purpose)."""
 
     def __init__(self, port: int, seed: int) -> None:
         self.port = port
@@ -420,6 +455,7 @@ class WellBehaved:
         self.main_adds = 0
         self.cross_adds = 0
         self.last_seq = -1
+        self.durations: list[float] = []
         self.threads = [
             threading.Thread(target=self._guard, args=(self._main,), name="wb-main", daemon=True),
             threading.Thread(target=self._guard, args=(self._cross,), name="wb-cross", daemon=True),
@@ -479,7 +515,8 @@ class WellBehaved:
 
     # -- the two clients ---------------------------------------------------------
     def _main(self) -> None:
-        store = self._store()
+        store = TimedStore(self._store())
+        self.durations = store.durations
         p = self.prefix
         counter = 0
         i = 0
@@ -512,7 +549,7 @@ class WellBehaved:
                     stats = store.server_stats()
                     self.check("stats count this client", stats["connections_open"] >= 1, True)
                     try:
-                        store.wait([f"{p}/never"], 0.05)
+                        store.untimed.wait([f"{p}/never"], 0.05)
                     except StoreTimeoutError:
                         self.ok()
                     else:
@@ -722,9 +759,17 @@ def run_fuzz(
     report.wellbehaved_ops_done = wellbehaved.done
     report.wellbehaved_ops_failed = wellbehaved.failed
     report.wellbehaved_failures = wellbehaved.failures
+    durations = sorted(wellbehaved.durations)
+    if durations:
+        report.wellbehaved_worst_call_s = durations[-1]
+        report.wellbehaved_calls_over_1s = sum(1 for d in durations if d > 1.0)
+        report.wellbehaved_call_p50_ms = durations[len(durations) // 2] * 1e3
+        report.wellbehaved_call_p99_ms = durations[int(len(durations) * 0.99)] * 1e3
     for line in log.splitlines():
         if " tp_store.server closing connection from " in line:
             report.server_close_log_lines += 1
+        elif suppressed := SUPPRESSED.search(line):  # closing lines the server throttled
+            report.server_close_log_lines += int(suppressed[1])
         elif line.strip():
             report.server_unexpected_log.append(line[:300])
     report.elapsed_s = time.monotonic() - started

@@ -29,7 +29,7 @@ from tp_store.security import SECRET_ENV, SECRET_FILE_ENV
 
 pytestmark = pytest.mark.interop
 
-SECRET = "interop secret"
+SECRET = "an interop secret, long enough"
 STORE_TIMEOUT = 5.0
 
 

@@ -25,7 +25,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
 @pytest.fixture(scope="module")
 def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("secret") / "secret"
-    path.write_text("a shared secret\n")
+    path.write_text("a shared secret, long enough\n")
     path.chmod(0o600)
     return path
 
@@ -112,7 +112,7 @@ def test_a_node_without_the_secret_is_refused_in_one_line(
 ) -> None:
     _, endpoint = secure_store
     wrong = tmp_path / "wrong"
-    wrong.write_text("not the secret")
+    wrong.write_text("not the secret, though long enough")
     wrong.chmod(0o600)  # else the store warns that others can read it
     base = f"tls_ca={pki.ca},tls_cert={pki.server_cert},tls_key={pki.server_key}"
     for config, expected in (

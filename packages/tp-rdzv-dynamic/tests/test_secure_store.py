@@ -109,7 +109,7 @@ def test_a_wrong_secret_is_a_connection_error(
     keys = security(pki, secret_file)
     host = handler(free_port, True, **keys)
     wrong = tmp_path / "wrong"
-    wrong.write_text("a guess")
+    wrong.write_text("a guess at the secret")
     try:
         with pytest.raises(RendezvousConnectionError, match="authentication failed"):
             handler(free_port, False, **{**keys, "secret_file": str(wrong)})
@@ -128,7 +128,7 @@ def test_the_secret_from_the_environment(free_port: int, monkeypatch: pytest.Mon
     try:
         assert host._store.server is not None
         assert host._store.server.secret == b"from the environment"
-        monkeypatch.setenv(SECRET_ENV, "another")
+        monkeypatch.setenv(SECRET_ENV, "another secret, long enough")
         with pytest.raises(RendezvousConnectionError, match="authentication failed"):
             handler(free_port, False)
     finally:

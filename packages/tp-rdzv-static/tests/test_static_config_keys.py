@@ -81,7 +81,7 @@ def test_the_keys_it_reads_and_torchruns_get_no_warning(
 
 def test_every_key_it_reads_is_a_known_one(tmp_path: Path, pki: TestPKI, free_port: int) -> None:
     secret = tmp_path / "secret"
-    secret.write_text("s3cret\n")
+    secret.write_text("s3cret-long-enough\n")
     files = {
         "tls_cert": str(pki.server_cert),
         "tls_key": str(pki.server_key),
@@ -147,7 +147,7 @@ def test_rank_0_can_require_client_certificates(
 
 def test_secret_file_is_required_of_every_node(free_port: int, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
-    secret.write_text("s3cret\n")
+    secret.write_text("s3cret-long-enough\n")
     host = create_handler(params(free_port, 0, 2, secret_file=str(secret)))
     guest = create_handler(params(free_port, 1, 2, secret_file=str(secret)))
     host.next_rendezvous()

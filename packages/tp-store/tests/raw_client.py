@@ -27,14 +27,17 @@ TIMEOUT = 10.0
 
 
 @contextmanager
-def server_thread(event_loop: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServerThread]:
-    """A fresh server on 127.0.0.1 in a thread, on ``event_loop`` (skipped without uvloop)."""
+def server_thread(
+    event_loop: str, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> Iterator[ServerThread]:
+    """A fresh server on 127.0.0.1 in a thread, on ``event_loop`` (skipped without uvloop),
+    made with the :class:`StoreServer` keyword ``options``."""
     if event_loop == "uvloop":
         if importlib.util.find_spec("uvloop") is None:
             pytest.skip("uvloop is not installed")
     else:
         monkeypatch.setattr(server_module, "new_event_loop", asyncio.new_event_loop)
-    thread = ServerThread(StoreServer("127.0.0.1", 0))
+    thread = ServerThread(StoreServer("127.0.0.1", 0, **options))
     thread.start()
     try:
         yield thread

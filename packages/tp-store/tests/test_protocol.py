@@ -633,18 +633,36 @@ def test_random_reply_bytes_raise_only_protocol_error(
         pass
 
 
-def test_huge_reply_length_waits_without_allocating() -> None:
+def test_a_huge_reply_length_is_refused_without_allocating() -> None:
     tracemalloc.start()
     try:
         parser = ReplyParser()
         parser.expect(ReplyKind.BYTES)
         parser.feed(U64.pack(2**63))
-        reply = parser.next_reply()
+        with pytest.raises(ProtocolError, match="exceeds the limit of 8388608"):
+            parser.next_reply()
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert reply is INCOMPLETE
     assert peak < 1 << 20
+
+
+def test_reply_lengths_are_bounded_by_the_clients_limits() -> None:
+    limits = Limits(max_value_bytes=100, max_message_bytes=1 + 16 + 8 * 1024 + 100)
+    parser = ReplyParser(limits)
+    parser.expect(ReplyKind.BYTES)
+    parser.feed(U64.pack(100) + b"v" * 100)
+    assert parser.next_reply() == b"v" * 100
+    parser.expect(ReplyKind.BYTES)
+    parser.feed(U64.pack(101))
+    with pytest.raises(ProtocolError, match="value of 101 bytes"):
+        parser.next_reply()
+    # Many values, each within the limit, cannot add up past the message limit.
+    parser = ReplyParser(limits)
+    parser.expect(ReplyKind.VALUES, 1000)
+    parser.feed((U64.pack(100) + b"v" * 100) * 90)
+    with pytest.raises(ProtocolError, match="a reply of at least"):
+        parser.next_reply()
 
 
 def test_reply_parser_clear_forgets_everything() -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,7 +105,7 @@ def test_the_same_secret_authenticates_both_ways() -> None:
 
 
 def test_a_wrong_secret_is_refused_by_the_server() -> None:
-    client = ClientAuthenticator(b"wrong")
+    client = ClientAuthenticator(b"the wrong secret, long enough")
     server = ServerAuthenticator(SECRET)
     proof = client.prove(server.challenge(client.challenge().nonce))
     assert server.check(proof.proof) is None
@@ -113,10 +115,10 @@ def test_a_wrong_secret_is_refused_by_the_server() -> None:
 
 def test_a_server_without_the_secret_cannot_pass_for_one() -> None:
     client = ClientAuthenticator(SECRET)
-    impostor = ServerAuthenticator(b"guess")
+    impostor = ServerAuthenticator(b"a guess at the secret")
     proof = client.prove(impostor.challenge(client.challenge().nonce))
     # The impostor accepts anything and answers with its own proof.
-    forged = auth_proof(b"guess", b"server", os.urandom(32), os.urandom(32))
+    forged = auth_proof(b"a guess at the secret", b"server", os.urandom(32), os.urandom(32))
     assert proof.proof != forged
     with pytest.raises(StoreAuthenticationError, match="could not prove"):
         client.verify(forged)
@@ -185,27 +187,28 @@ def test_auth_requests_round_trip() -> None:
 
 def test_secret_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_secret() is None
-    monkeypatch.setenv(SECRET_ENV, "from-env")
-    assert load_secret() == b"from-env"
+    monkeypatch.setenv(SECRET_ENV, "a secret from the environment")
+    assert load_secret() == b"a secret from the environment"
 
 
 def test_secret_from_a_file_named_in_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     path = tmp_path / "secret"
-    path.write_bytes(b"from-file\n")
+    path.write_bytes(b"a secret from a file\n")
     monkeypatch.setenv(SECRET_FILE_ENV, str(path))
-    assert load_secret() == b"from-file"
+    assert load_secret() == b"a secret from a file"
 
 
 def test_explicit_sources_win_over_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(SECRET_ENV, "from-env")
+    monkeypatch.setenv(SECRET_ENV, "a secret from the environment")
     path = tmp_path / "secret"
-    path.write_bytes(b"from-file")
-    assert load_secret(secret_file=path) == b"from-file"
-    assert load_secret(secret=b"given") == b"given"
+    path.write_bytes(b"a secret from a file")
+    assert load_secret(secret_file=path) == b"a secret from a file"
+    given = b"the secret given as an argument"
+    assert load_secret(secret=given) == given
 
 
 @pytest.mark.parametrize(
@@ -252,7 +255,9 @@ def test_a_wrong_secret_is_refused(
     secret_server: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(StoreAuthenticationError, match="the secrets differ"):
-        TCPStore("127.0.0.1", secret_server.server.port, timeout=TIMEOUT, secret=b"wrong")
+        TCPStore(
+            "127.0.0.1", secret_server.server.port, timeout=TIMEOUT, secret=b"a wrong secret, long"
+        )
     # The server answers the wrong proof before it counts and logs the failure.
     wait_until(
         lambda: any("authentication failed" in r.getMessage() for r in caplog.records),
@@ -330,11 +335,11 @@ def test_an_unauthenticated_connection_is_closed_after_the_request_timeout() -> 
 
 
 def test_secret_from_the_environment_on_both_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SECRET_ENV, "shared")
+    monkeypatch.setenv(SECRET_ENV, "a shared secret, long")
     master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     try:
         assert master.server is not None
-        assert master.server.secret == b"shared"
+        assert master.server.secret == b"a shared secret, long"
         client = TCPStore("127.0.0.1", master.port, timeout=TIMEOUT)
         client.set("k", "v")
         assert master.get("k") == b"v"
@@ -346,16 +351,53 @@ def test_secret_from_the_environment_on_both_ends(monkeypatch: pytest.MonkeyPatc
         master.close()
 
 
+@pytest.mark.parametrize("secret", [b"x", b"s3cret", b"fifteen bytes!!"])
+def test_a_short_secret_is_refused_wherever_it_comes_from(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, secret: bytes
+) -> None:
+    short = f"a store secret must be at least 16 bytes, got {len(secret)}"
+    with pytest.raises(ValueError, match=short):
+        StoreServer("127.0.0.1", 0, secret=secret)
+    with pytest.raises(ValueError, match=short):
+        TCPStore("127.0.0.1", 1, timeout=TIMEOUT, secret=secret)
+    path = tmp_path / "secret"
+    path.write_bytes(secret + b"\n")
+    with pytest.raises(ValueError, match=short):
+        load_secret(secret_file=path)
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    with pytest.raises(ValueError, match=short):
+        load_secret()
+    monkeypatch.delenv(SECRET_FILE_ENV)
+    monkeypatch.setenv(SECRET_ENV, secret.decode())
+    with pytest.raises(ValueError, match=short):
+        load_secret()
+    # The server command says so in one line, with no traceback.
+    result = subprocess.run(
+        [sys.executable, "-m", "tp_store", "--port", "0", "--secret-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert result.returncode != 0
+    assert short in result.stderr
+    assert "Traceback" not in result.stderr
+    # Sixteen bytes will do.
+    monkeypatch.setenv(SECRET_ENV, "x" * 16)
+    assert load_secret() == b"x" * 16
+
+
 def test_secret_file_argument(tmp_path: Path) -> None:
     path = tmp_path / "secret"
-    path.write_text("in a file\n")
+    path.write_text("a secret in a file\n")
     master = TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT, secret_file=path
     )
     try:
         assert master.server is not None
-        assert master.server.secret == b"in a file"
-        client = TCPStore("127.0.0.1", master.port, timeout=TIMEOUT, secret=b"in a file")
+        assert master.server.secret == b"a secret in a file"
+        client = TCPStore("127.0.0.1", master.port, timeout=TIMEOUT, secret=b"a secret in a file")
         assert client.add("n", 2) == 2
     finally:
         master.close()
@@ -469,7 +511,7 @@ def test_mutual_tls_with_a_secret(mtls_server: ServerThread, pki: TestPKI) -> No
         TCPStore("127.0.0.1", port, timeout=TIMEOUT, tls_ca=pki.ca, secret=SECRET)
     # The right certificate but the wrong secret: refused.
     with pytest.raises(StoreAuthenticationError):
-        mtls_client(port, pki, secret=b"wrong")
+        mtls_client(port, pki, secret=b"the wrong secret, long enough")
 
 
 def test_a_tls_master_and_its_clients(pki: TestPKI) -> None:
@@ -544,7 +586,9 @@ def test_shared_masters_must_agree_on_security(pki: TestPKI) -> None:
     )
     try:
         with pytest.raises(ValueError, match="another secret"):
-            TCPStore("127.0.0.1", first.port, is_master=True, multi_tenant=True, secret=b"x")
+            TCPStore(
+                "127.0.0.1", first.port, is_master=True, multi_tenant=True, secret=SECRET[::-1]
+            )
     finally:
         first.close()
 

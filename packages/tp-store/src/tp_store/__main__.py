@@ -20,6 +20,7 @@ from .security import SECRET_ENV, SECRET_FILE_ENV, load_secret, server_ssl_conte
 from .server import (
     DEFAULT_BACKLOG,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MEMORY_BUDGET,
     DEFAULT_REQUEST_TIMEOUT,
     StoreServer,
     new_event_loop,
@@ -80,6 +81,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a request, the TLS handshake or authentication may take to arrive "
         "whole (idle and waiting connections are never timed out; default %(default)s)",
     )
+    limits.add_argument(
+        "--memory-budget",
+        type=int,
+        default=DEFAULT_MEMORY_BUDGET,
+        help="bytes held for all clients at most (requests being received, unread replies, "
+        "parked waits); over it the biggest holders are dropped (default %(default)s)",
+    )
     security = parser.add_argument_group(
         "security (off by default)",
         f"The secret comes from --secret-file, or ${SECRET_ENV}, or ${SECRET_FILE_ENV}; "
@@ -138,6 +146,7 @@ def server_from_arguments(args: argparse.Namespace) -> StoreServer:
         secret=load_secret(secret_file=args.secret_file),
         max_connections=args.max_connections,
         request_timeout=args.request_timeout,
+        memory_budget=args.memory_budget,
     )
 
 

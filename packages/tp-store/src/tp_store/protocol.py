@@ -397,6 +397,22 @@ _LAYOUTS: dict[int, tuple[type[Request], tuple[_Field, ...]]] = {
 }
 
 
+#: What a connection may send before it has authenticated to a server that
+#: has a secret: the handshake and the authentication exchange, nothing else.
+_BEFORE_AUTH_LAYOUTS: Final[dict[int, tuple[type[Request], tuple[_Field, ...]]]] = {
+    opcode: _LAYOUTS[opcode]
+    for opcode in (Opcode.VALIDATE, Opcode.PING, Opcode.AUTH_CHALLENGE, Opcode.AUTH_PROOF)
+}
+#: The size a request may have before authentication (its fields are a magic,
+#: a nonce or a proof): refused from its header, so an unauthenticated peer
+#: never makes the server buffer more.
+BEFORE_AUTH_MESSAGE_BYTES: Final = 256
+
+
+class RequestBeforeAuthentication(ProtocolError):
+    """A request other than the handshake and authentication, sent before authenticating."""
+
+
 def _encode_items(items: Sequence[tuple[bytes, bytes]]) -> bytes:
     return _I64.pack(len(items)) + b"".join([_field(k) + _field(v) for k, v in items])
 
@@ -456,14 +472,28 @@ class RequestParser:
     servers require. Any violation raises :class:`ProtocolError` as soon as
     the offending bytes arrive (a length over a limit is refused from its
     prefix alone); the caller should then drop the connection.
+
+    With ``authenticated=False`` only the handshake and authentication
+    requests are accepted, each at most :data:`BEFORE_AUTH_MESSAGE_BYTES`,
+    until :meth:`authenticated` is called: anything else raises
+    :class:`RequestBeforeAuthentication` from its opcode byte.
     """
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, *, authenticated: bool = True) -> None:
         self._limits = limits or Limits()
-        self._max_message = self._limits.max_message_bytes
         self._buf = bytearray()
         self._validated = False
         self._progress: _Progress | None = None
+        self._layouts: dict[int, tuple[type[Request], tuple[_Field, ...]]] = _LAYOUTS
+        self._max_message = self._limits.max_message_bytes
+        if not authenticated:
+            self._layouts = _BEFORE_AUTH_LAYOUTS
+            self._max_message = min(self._max_message, BEFORE_AUTH_MESSAGE_BYTES)
+
+    def authenticated(self) -> None:
+        """Accept every request from now on, within the limits."""
+        self._layouts = _LAYOUTS
+        self._max_message = self._limits.max_message_bytes
 
     def feed(self, data: bytes) -> None:
         """Add bytes received from the client."""
@@ -497,8 +527,12 @@ class RequestParser:
         return request
 
     def _start(self, opcode: int) -> _Progress:
-        layout = _LAYOUTS.get(opcode)
+        layout = self._layouts.get(opcode)
         if layout is None:
+            if opcode in _LAYOUTS:
+                raise RequestBeforeAuthentication(
+                    f"{Opcode(opcode).name} sent before authenticating"
+                )
             raise ProtocolError(f"unknown opcode {opcode}")
         if not self._validated and opcode != Opcode.VALIDATE:
             raise ProtocolError(f"first message must be VALIDATE, got opcode {opcode}")
@@ -750,12 +784,24 @@ def auth_proof(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: by
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
+#: The shortest secret accepted. One sniffed exchange lets an attacker test
+#: guesses offline, so a secret must be long enough not to be guessed: 16
+#: random bytes (``openssl rand -hex 16`` gives 32 characters) are plenty.
+MIN_SECRET_BYTES: Final = 16
+
+
 def check_secret(secret: bytes) -> bytes:
     """``secret`` if it can be used, else ``ValueError`` (never echoing the secret)."""
     if not isinstance(secret, bytes):
         raise TypeError(f"a store secret must be bytes, got {type(secret).__name__}")
     if not secret:
         raise ValueError("a store secret must not be empty")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"a store secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}: "
+            "a short one can be guessed offline from one sniffed authentication "
+            "(make one with: openssl rand -hex 16)"
+        )
     return secret
 
 
@@ -872,18 +918,25 @@ INCOMPLETE: Final = Incomplete()
 
 
 class _ReplyCursor:
-    """Reads reply fields (no limits: the client trusts sizes it asked for)."""
+    """Reads reply fields, refusing a length over the limits from its prefix: a
+    server must not make the client buffer more than any store could send."""
 
-    __slots__ = ("buf", "end", "pos")
+    __slots__ = ("buf", "end", "limits", "pos")
 
-    def __init__(self, buf: bytearray) -> None:
+    def __init__(self, buf: bytearray, limits: Limits) -> None:
         self.buf = buf
         self.pos = 0
         self.end = len(buf)
+        self.limits = limits
 
     def take(self, size: int) -> int:
         start = self.pos
         if start + size > self.end:
+            if start + size > self.limits.max_message_bytes:
+                raise ProtocolError(
+                    f"a reply of at least {start + size} bytes exceeds the limit of "
+                    f"{self.limits.max_message_bytes}"
+                )
             raise _NeedMoreData
         self.pos = start + size
         return start
@@ -897,6 +950,10 @@ class _ReplyCursor:
 
     def blob(self) -> bytes:
         size: int = _U64.unpack_from(self.buf, self.take(8))[0]
+        if size > self.limits.max_value_bytes:
+            raise ProtocolError(
+                f"a reply value of {size} bytes exceeds the limit of {self.limits.max_value_bytes}"
+            )
         start = self.take(size)
         return bytes(self.buf[start : start + size])
 
@@ -912,10 +969,13 @@ class ReplyParser:
     """Turns a byte stream from a server into replies, in the order expected.
 
     The protocol's replies are untyped, so the client announces what it
-    expects with :meth:`expect` before (or after) feeding bytes.
+    expects with :meth:`expect` before (or after) feeding bytes. A value over
+    ``limits.max_value_bytes`` or a reply over ``limits.max_message_bytes``
+    raises :class:`ProtocolError` as soon as its length arrives.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
+        self._limits = limits or Limits()
         self._buf = bytearray()
         self._expected: deque[tuple[ReplyKind, int]] = deque()
 
@@ -954,7 +1014,7 @@ class ReplyParser:
             del buf[: fixed.size]
             self._expected.popleft()
             return value
-        cur = _ReplyCursor(buf)
+        cur = _ReplyCursor(buf, self._limits)
         try:
             reply = self._parse(kind, count, cur)
         except _NeedMoreData:

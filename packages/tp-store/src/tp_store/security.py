@@ -98,7 +98,7 @@ def load_secret(
     if secret is not None:
         return check_secret(secret)
     if secret_file is not None:
-        return read_secret_file(secret_file)
+        return check_secret(read_secret_file(secret_file))
     env = os.environ if environ is None else environ
     value = env.get(SECRET_ENV)
     path = env.get(SECRET_FILE_ENV)
@@ -107,11 +107,11 @@ def load_secret(
     if value is not None:
         if not value:
             raise ValueError(f"{SECRET_ENV} is set but empty")
-        return value.encode()
+        return check_secret(value.encode())
     if path is not None:
         if not path:
             raise ValueError(f"{SECRET_FILE_ENV} is set but empty")
-        return read_secret_file(path)
+        return check_secret(read_secret_file(path))
     return None
 
 

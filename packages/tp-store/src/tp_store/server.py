@@ -19,6 +19,14 @@ handshake and authentication included) must arrive whole within it from its
 first byte, which defeats clients trickling bytes to hold the server's memory
 and connection slots. A connection idle between requests, or parked in a WAIT,
 is never timed out: rendezvous nodes wait for minutes.
+
+Against many clients at once: each connection is served a bounded batch of
+requests per turn of the event loop (no client starves the others by
+pipelining), and ``memory_budget`` bounds what all of them hold together
+(requests being received, replies not read, parked waits): over it, the
+connections holding the most are dropped. Before authenticating, a
+connection may send only small handshake and authentication requests, and
+its timeout runs whether or not it reads its replies.
 """
 
 from __future__ import annotations
@@ -27,12 +35,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import gc
 import logging
 import math
+import resource
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -66,6 +77,7 @@ from .protocol import (
     QueuePop,
     QueuePush,
     Request,
+    RequestBeforeAuthentication,
     RequestParser,
     ServerAuthenticator,
     ServerStats,
@@ -97,11 +109,25 @@ DEFAULT_MAX_CONNECTIONS = 16384
 #: Seconds a request may take to arrive whole from its first byte (the TLS
 #: handshake too): generous for an 8 MiB value on a slow link.
 DEFAULT_REQUEST_TIMEOUT = 30.0
+#: Bytes the server holds for its clients at most (requests being received,
+#: replies they do not read, parked waits); over it, the biggest holders are dropped.
+DEFAULT_MEMORY_BUDGET = 512 * 1024 * 1024
 #: At most one log line per this many seconds about refused connections: a
 #: flood of connections must not become a flood of log lines.
 _REFUSAL_LOG_INTERVAL = 1.0
-#: What an unauthenticated connection may send to a server that has a secret.
-_BEFORE_AUTH = frozenset({Validate, Ping, AuthChallenge, AuthProof})
+#: At most this many warnings about bad connections per interval; the rest
+#: are counted and summed up in one line.
+_BAD_CONNECTION_LOG_LINES = 20
+_BAD_CONNECTION_LOG_INTERVAL = 1.0
+#: Requests a connection is served in one turn of the event loop before the
+#: others get theirs: no client can starve the rest by pipelining.
+_REQUESTS_PER_TURN = 64
+#: Requests a connection may send before it has authenticated to a server
+#: with a secret (our client needs four: VALIDATE, PING, the exchange).
+_REQUESTS_BEFORE_AUTH = 16
+#: Bytes a parked wait is counted for besides its keys (the waiter and its
+#: entries in the state's tables).
+_PARKED_KEY_OVERHEAD = 128
 
 _STOP_WAITING = encode_u8(WaitReply.STOP_WAITING)
 _WAIT_CANCELED = encode_u8(WaitReply.WAIT_CANCELED)
@@ -154,6 +180,44 @@ class _AuthRefused(Exception):
     """A connection failed or skipped authentication (it is closed)."""
 
 
+class _LogThrottle:
+    """At most ``lines`` log lines per ``interval`` seconds; the rest are counted
+    and reported in one summary line when the next interval begins."""
+
+    def __init__(self, lines: int, interval: float) -> None:
+        self._lines = lines
+        self._interval = interval
+        self._started = -math.inf  # time.monotonic() when the current interval began
+        self._logged = 0
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        """Whether a line may be logged now (else it is counted as suppressed)."""
+        self.flush()
+        if self._logged < self._lines:
+            self._logged += 1
+            return True
+        self.suppressed += 1
+        return False
+
+    def flush(self, final: bool = False) -> None:
+        """Start a new interval if the current one is over (or ``final``), summing up
+        what it suppressed."""
+        now = time.monotonic()
+        if now - self._started < self._interval and not final:
+            return
+        if self.suppressed:
+            log.warning(
+                "suppressed %d more log line(s) about bad connections in %.1f s",
+                self.suppressed,
+                now - self._started,
+                extra={"action": "log_suppressed", "reason": "too many bad connections"},
+            )
+        self._started = now
+        self._logged = 0
+        self.suppressed = 0
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parse, apply, reply."""
 
@@ -161,38 +225,58 @@ class _Connection(asyncio.Protocol):
         self._server = server
         self._state = server.state
         self._counters = server._counters
-        self._parser = RequestParser(server.limits)
-        self._transport: asyncio.Transport | None = None
-        self._peer = "?"
-        self._opened = 0.0
-        self._close_reason = ""
-        self._pending: Waiter | BarrierWaiter | None = None
-        self._writing_paused = False
-        # Set once the client offers the extensions in a PING: STATS is refused
-        # before, as on a PyTorch server, which does not know the opcode.
-        self._extended = False
         # Whether requests other than the handshake and authentication may be
         # served: at once without a secret, after a good proof with one.
         self._admitted = server.secret is None
+        # Until admitted, the parser refuses every other request from its
+        # header, and anything over a few hundred bytes from its length.
+        self._parser = RequestParser(server.limits, authenticated=self._admitted)
+        self._requests_before_auth = _REQUESTS_BEFORE_AUTH
+        self._transport: asyncio.Transport | None = None
+        self._peer = "?"
+        self._opened = time.monotonic()
+        self._close_reason = ""
+        self._pending: Waiter | BarrierWaiter | None = None
+        self._pending_bytes = 0  # what the parked wait is counted for in the memory budget
+        self._writing_paused = False
+        self._unread = 0  # reply bytes counted in the memory budget since writing paused
+        self._buffered = 0  # request bytes counted in the memory budget
+        self._deferred = False  # its turn is over; the rest is served on the next one
+        # Set once the client offers the extensions in a PING: STATS is refused
+        # before, as on a PyTorch server, which does not know the opcode.
+        self._extended = False
         self._auth: ServerAuthenticator | None = None
         # time.monotonic() when the request being received began (0: none).
         # Until admitted, the connection's opening: the handshake and the
-        # authentication must be done within the request timeout too.
+        # authentication must be done within the request timeout too,
+        # whether the client reads its replies or not.
         self._partial_since = 0.0
-        self._refused = False
+        # Decided when accepted, before a TLS handshake: one that is still
+        # going on holds its place against max_connections.
+        self._refused = server.opened(self)
+        self._closed = False
 
     @property
     def parked(self) -> bool:
         """Whether this connection waits in WAIT, WAIT_GET or BARRIER."""
         return self._pending is not None
 
+    def recount(self) -> int:
+        """Bytes the server holds for this connection now (its request being
+        received, the replies it has not read, its parked wait), as counted in
+        the memory budget from now on."""
+        transport = self._transport
+        if self._writing_paused and transport is not None:
+            self._unread = transport.get_write_buffer_size()
+        return self._buffered + self._unread + self._pending_bytes
+
     # -- asyncio callbacks ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
         self._opened = self._partial_since = time.monotonic()
-        if len(self._server.connections) >= self._server.max_connections:
-            self._refused = True
+        self._server.made(self)
+        if self._refused:
             self._server.refuse(self._transport)
             self._transport = None  # nothing it sends is served
             return
@@ -213,8 +297,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
-        self._server.connections.discard(self)
-        self._drop_pending()
+        self._server.closing.pop(self, None)
+        self._free()
         self._transport = None
         duration = time.monotonic() - self._opened
         reason = self._close_reason or (str(exc) if exc else "closed by the client")
@@ -232,35 +316,44 @@ class _Connection(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
         self._counters.bytes_received += len(data)
         self._parser.feed(data)
         self._serve()
 
     def pause_writing(self) -> None:
         # The client is not reading its replies: stop reading its requests
-        # until it catches up, so its replies cannot pile up in memory.
+        # until it catches up, so its replies cannot pile up in memory. What
+        # it leaves unread counts in the memory budget until then.
         self._writing_paused = True
-        if self._transport is not None:
-            self._transport.pause_reading()
+        transport = self._transport
+        if transport is not None and not self._closed:
+            transport.pause_reading()
+            self._unread = transport.get_write_buffer_size()
+            self._server.hold(self._unread)
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        if self._transport is not None:
+        self._server.hold(-self._unread)
+        self._unread = 0
+        if self._transport is not None and not self._closed and not self._deferred:
             self._transport.resume_reading()
             self._serve()
 
     def _serve(self) -> None:
-        """Apply the buffered requests until they run out or the client stops reading."""
+        """Apply the buffered requests until they run out, the client stops
+        reading, or its turn is over."""
         transport = self._transport
-        if transport is None:
+        if transport is None or self._closed:
             return
         counters = self._counters
         ops = counters.ops
         parser = self._parser
-        served = False
+        served = 0
         try:
             for request in parser:
-                served = True
+                served += 1
                 ops[request.opcode] += 1
                 reply = self._apply(request)
                 if reply:
@@ -269,7 +362,15 @@ class _Connection(asyncio.Protocol):
                     counters.bytes_sent += len(reply)
                     transport.write(reply)
                 if self._writing_paused:
-                    return
+                    break
+                if served == _REQUESTS_PER_TURN:
+                    if parser.buffered:
+                        self._defer(transport)
+                    break
+        except RequestBeforeAuthentication as exc:
+            counters.auth_failures += 1
+            self.close(f"{exc}", action="auth_refused")
+            return
         except (ValueError, OverflowError) as exc:  # ProtocolError, a limit, or a bad ADD
             counters.protocol_errors += 1
             self.close(f"{exc}")
@@ -278,47 +379,99 @@ class _Connection(asyncio.Protocol):
             counters.auth_failures += 1
             self.close(f"{exc}", action="auth_refused")
             return
+        buffered = parser.buffered
+        if buffered != self._buffered:
+            self._server.hold(buffered - self._buffered)
+            self._buffered = buffered
         if self._admitted:
             # The request timeout runs from the first byte of a request: a
             # client that trickles bytes cannot reset it by sending more.
-            if not parser.buffered:
+            if not buffered:
                 self._partial_since = 0.0
             elif served or not self._partial_since:
                 self._partial_since = time.monotonic()
 
+    def _defer(self, transport: asyncio.Transport) -> None:
+        """End this connection's turn: the rest of what it sent waits for the next one."""
+        self._deferred = True
+        transport.pause_reading()
+        asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._deferred = False
+        transport = self._transport
+        if transport is None or self._closed:
+            return
+        self._serve()
+        if not self._deferred and not self._writing_paused:
+            transport.resume_reading()
+
     def stalled(self, since: float) -> bool:
         """Whether the request being received began before ``since`` (never while
-        the server holds requests back from a client that does not read)."""
+        the server holds requests back from an authenticated client that does
+        not read: it is paused, not slow)."""
         started = self._partial_since
-        return 0.0 < started < since and not self._writing_paused
+        return 0.0 < started < since and not (self._writing_paused and self._admitted)
 
     def close(
         self, reason: str, level: int = logging.WARNING, action: str = "protocol_error"
     ) -> None:
-        """Drop this connection, logging why (``action`` is the log record's field)."""
-        log.log(
-            level,
-            "closing connection from %s: %s",
-            self._peer,
-            reason,
-            extra={
-                "action": action,
-                "peer": self._peer,
-                "duration": time.monotonic() - self._opened,
-                "reason": reason,
-            },
-        )
+        """Drop this connection, logging why (``action`` is the log record's field).
+
+        Its place and what it held are freed at once. What it was sent is
+        flushed, unless it has stopped reading: then it is aborted.
+        """
+        if self._closed:
+            return
+        if level < logging.WARNING or self._server.bad_connection_log.allow():
+            log.log(
+                level,
+                "closing connection from %s: %s",
+                self._peer,
+                reason,
+                extra={
+                    "action": action,
+                    "peer": self._peer,
+                    "duration": time.monotonic() - self._opened,
+                    "reason": reason,
+                },
+            )
         self._close_reason = reason
-        self._drop_pending()
+        transport = self._transport
+        self._free()
+        if transport is not None:
+            if self._writing_paused:
+                transport.abort()
+            else:
+                transport.close()
+                self._server.closing[self] = time.monotonic()
+
+    def abort(self) -> None:
+        """Reset a closed connection whose client has not read what it was sent."""
         if self._transport is not None:
-            self._transport.close()
+            self._transport.abort()
+
+    def _free(self) -> None:
+        """Give back its place among the connections and what it holds of the budget."""
+        if not self._closed:
+            self._closed = True
+            self._server.connections.discard(self)
+            self._drop_pending()
+            self._server.hold(-self._buffered - self._unread)
+            self._buffered = self._unread = 0
+            self._parser = RequestParser(self._server.limits)  # its buffer is garbage now
 
     # -- requests -----------------------------------------------------------------
     def _apply(self, request: Request) -> bytes | None:
         if self._pending is not None and not isinstance(request, CancelWait):
             raise ProtocolError(f"{type(request).__name__} sent while a wait is pending")
-        if not self._admitted and type(request) not in _BEFORE_AUTH:
-            raise _AuthRefused(f"{request.opcode.name} sent before authenticating")
+        if not self._admitted:
+            # The parser lets only the handshake and the exchange through.
+            self._requests_before_auth -= 1
+            if self._requests_before_auth < 0:
+                raise _AuthRefused(
+                    f"more than {_REQUESTS_BEFORE_AUTH} requests sent before authenticating"
+                )
         state = self._state
         match request:
             case Get(key=key):
@@ -397,6 +550,7 @@ class _Connection(asyncio.Protocol):
                         self._transport.write(encode_bytes(b""))
                     raise _AuthRefused("wrong proof of the secret (authentication failed)")
                 self._admitted = True
+                self._parser.authenticated()
                 return encode_bytes(server_proof)
         raise ProtocolError(f"unhandled request {request!r:.80}")  # pragma: no cover
 
@@ -416,16 +570,24 @@ class _Connection(asyncio.Protocol):
         waiter = Waiter(keys, wake)
         self._state.park(waiter)
         self._pending = waiter
+        self._hold_pending(sum(map(len, keys)) + _PARKED_KEY_OVERHEAD * len(keys))
         return False
+
+    def _hold_pending(self, size: int) -> None:
+        """Count the parked wait's ``size`` in the memory budget (0: none parked)."""
+        self._server.hold(size - self._pending_bytes)
+        self._pending_bytes = size
 
     def _wake(self, waiter: Waiter | BarrierWaiter) -> None:
         self._pending = None
+        self._hold_pending(0)
         if self._transport is not None:
             self._counters.bytes_sent += len(_STOP_WAITING)
             self._transport.write(_STOP_WAITING)
 
     def _wake_with_values(self, waiter: Waiter) -> None:
         self._pending = None
+        self._hold_pending(0)
         if self._transport is not None:
             try:
                 values = self._bounded(self._state.multi_get(waiter.keys))
@@ -439,6 +601,7 @@ class _Connection(asyncio.Protocol):
 
     def _drop_pending(self) -> None:
         pending, self._pending = self._pending, None
+        self._hold_pending(0)
         if isinstance(pending, Waiter):
             self._state.unpark(pending)
         elif pending is not None:
@@ -487,11 +650,16 @@ class StoreServer:
             :func:`tp_store.security.server_ssl_context`); None: plain TCP.
         secret: require every connection to prove it knows this secret
             before anything but the handshake; None: open to every client.
-        max_connections: connections beyond this many open are closed as
-            soon as accepted (counted, and logged at most once a second).
+        max_connections: connections beyond this many open (TLS handshakes
+            under way included) are closed as soon as accepted (counted, and
+            logged at most once a second).
         request_timeout: seconds a request may take to arrive whole from its
             first byte; also bounds the TLS handshake and, with a secret, the
             time from connecting to being authenticated.
+        memory_budget: bytes the server holds for all its clients together at
+            most: requests being received, replies a client has stopped
+            reading, parked waits. Over it, the connections holding the most
+            are dropped, with a log line, until it is met again.
     """
 
     def __init__(
@@ -506,6 +674,7 @@ class StoreServer:
         secret: bytes | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
@@ -525,12 +694,34 @@ class StoreServer:
         self.port = port
         self.backlog = backlog
         self.limits = limits or Limits()
+        if isinstance(memory_budget, bool) or not (
+            isinstance(memory_budget, int) and memory_budget >= self.limits.max_message_bytes
+        ):
+            raise ValueError(
+                f"memory_budget must be an int of at least max_message_bytes "
+                f"({self.limits.max_message_bytes}), got {memory_budget!r}"
+            )
+        self.memory_budget = memory_budget
         self.ssl = ssl
         self.secret = None if secret is None else check_secret(secret)
         self.max_connections = max_connections
         self.request_timeout = float(request_timeout)
         self.state = StoreState(self.limits.max_keys, self.limits.max_value_bytes)
         self.connections: set[_Connection] = set()
+        # Accepted, not yet made (a TLS handshake under way): they hold a place
+        # against max_connections. Weak: a failed handshake drops its protocol
+        # without a call.
+        self._opening: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        #: Closed connections still flushing, by time.monotonic() of the close.
+        self.closing: dict[_Connection, float] = {}
+        #: Bytes held for clients, as counted by their connections (see memory_budget).
+        self.held = 0
+        self._memory_check: asyncio.Handle | None = None
+        self._collected = -math.inf  # time.monotonic() of the last gc.collect() for _opening
+        self.bad_connection_log = _LogThrottle(
+            _BAD_CONNECTION_LOG_LINES, _BAD_CONNECTION_LOG_INTERVAL
+        )
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._listen_fd = listen_fd
         self._servers: list[asyncio.base_events.Server] = []
         self._counters = _Counters()
@@ -546,7 +737,8 @@ class StoreServer:
 
     async def start(self) -> None:
         """Bind and start accepting (raises ``OSError`` if the address is taken)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
+        raise_open_file_limit(self.max_connections)
         if self._listen_fd is not None:
             sock = socket.socket(fileno=self._listen_fd)
             sock.listen(self.backlog)
@@ -575,22 +767,84 @@ class StoreServer:
             extra={"action": "server_start", "endpoint": self.endpoint},
         )
 
+    @property
+    def _sweep_interval(self) -> float:
+        return min(1.0, self.request_timeout / 4)
+
     def _schedule_sweep(self) -> None:
         # One timer for the whole server, not one per request: the request
         # path only stores a timestamp when a request is left incomplete.
-        interval = min(1.0, self.request_timeout / 4)
-        self._sweeper = asyncio.get_running_loop().call_later(interval, self._sweep)
+        self._sweeper = asyncio.get_running_loop().call_later(self._sweep_interval, self._sweep)
 
     def _sweep(self) -> None:
-        """Close the connections whose current request is older than the request timeout."""
-        since = time.monotonic() - self.request_timeout
+        """Close the connections whose current request is older than the request
+        timeout, abort the closed ones that do not read what they were sent, and
+        check the memory budget."""
+        now = time.monotonic()
+        since = now - self.request_timeout
         for connection in [c for c in self.connections if c.stalled(since)]:
             self._counters.timed_out += 1
             connection.close(
                 f"request not received whole within {self.request_timeout:g} s",
                 action="request_timeout",
             )
+        # A close flushes what the client was sent; one that does not read it
+        # within a sweep is reset rather than kept open.
+        linger = now - self._sweep_interval
+        for connection in [c for c, closed in self.closing.items() if closed < linger]:
+            del self.closing[connection]
+            connection.abort()
+        # A handshake is over within the request timeout: a protocol still
+        # counted past it was dropped without a call (or is about to be).
+        for connection in [c for c in self._opening if c._opened < since]:
+            self._opening.discard(connection)
+        self._check_memory()
+        self.bad_connection_log.flush()
         self._schedule_sweep()
+
+    def opened(self, connection: _Connection) -> bool:
+        """Count a connection just accepted; True if it is beyond max_connections."""
+        if len(self.connections) + len(self._opening) >= self.max_connections:
+            # asyncio drops the protocol of a failed TLS handshake in a reference
+            # cycle: at the limit, collect those (at most once a second) and count again.
+            now = time.monotonic()
+            if not self._opening or now - self._collected < 1.0:
+                return True
+            self._collected = now
+            gc.collect()
+            if len(self.connections) + len(self._opening) >= self.max_connections:
+                return True
+        self._opening.add(connection)
+        return False
+
+    def made(self, connection: _Connection) -> None:
+        """A connection accepted is ready (its TLS handshake done)."""
+        self._opening.discard(connection)
+
+    def hold(self, size: int) -> None:
+        """Count ``size`` more bytes held for clients (negative: given back)."""
+        self.held += size
+        if self.held > self.memory_budget and self._memory_check is None and self.loop:
+            self._memory_check = self.loop.call_soon(self._check_memory)
+
+    def _check_memory(self) -> None:
+        """Drop the connections holding the most until the memory budget is met."""
+        self._memory_check = None
+        holders = [(c.recount(), c) for c in self.connections]
+        total = self.held = sum(size for size, _ in holders)
+        if total <= self.memory_budget:
+            return
+        holders.sort(key=lambda holder: holder[0], reverse=True)
+        for size, connection in holders:
+            if total <= self.memory_budget:
+                break
+            total -= size
+            connection.close(
+                f"it holds {size} bytes of the server's memory, which is over its budget "
+                f"of {self.memory_budget} bytes (request being received, unread replies, "
+                "parked wait)",
+                action="memory_budget",
+            )
 
     def refuse(self, transport: asyncio.Transport) -> None:
         """Close a connection accepted beyond ``max_connections``, saying so first.
@@ -654,10 +908,14 @@ class StoreServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._memory_check is not None:
+            self._memory_check.cancel()
+            self._memory_check = None
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
             connection.close("server shutting down", logging.INFO, action="shutdown")
+        self.bad_connection_log.flush(final=True)
         for server in self._servers:
             await server.wait_closed()
         if self._servers:
@@ -668,6 +926,32 @@ class StoreServer:
                 extra={"action": "server_stop", "endpoint": self.endpoint, "duration": self.uptime},
             )
         self._servers.clear()
+
+
+#: Open files the process needs besides its connections (listeners, logs, the loop).
+_SPARE_FILES = 64
+
+
+def raise_open_file_limit(max_connections: int) -> None:
+    """Raise the soft limit on open files as far as ``max_connections`` need (up to
+    the hard limit); warn when it stays below, as connections past it are reset
+    by the kernel with no log line."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + _SPARE_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "the open-file limit (%d) is below max_connections (%d) plus %d spare: "
+            "connections past it will be refused by the system; raise it (ulimit -n)",
+            soft,
+            max_connections,
+            _SPARE_FILES,
+            extra={"action": "open_file_limit", "reason": "RLIMIT_NOFILE"},
+        )
 
 
 def _bind_with_retry(host: str, port: int, backlog: int) -> list[socket.socket]:

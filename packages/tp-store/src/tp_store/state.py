@@ -124,9 +124,20 @@ class StoreState:
             )
         self.set(key, old + value)
 
-    def multi_set(self, items: Iterable[tuple[bytes, bytes]]) -> None:
+    def multi_set(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Store every item, or (over ``max_keys``) none of them."""
+        data = self.data
+        room = self._max_keys - len(data) - self._queued
+        if len(items) > room:  # only near the limit are the new keys counted
+            new_keys = {key for key, _ in items if key not in data}
+            if len(new_keys) > room:
+                raise StoreLimitError(
+                    f"MULTI_SET of {len(new_keys)} new keys would exceed the limit of "
+                    f"{self._max_keys} keys and queued values"
+                )
         for key, value in items:
-            self.set(key, value)
+            data[key] = value
+            self._written(key, value)
 
     def delete(self, key: bytes) -> bool:
         return self.data.pop(key, None) is not None
