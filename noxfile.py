@@ -130,8 +130,9 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
-def _run_on_each_etcd(session: nox.Session, *args: str) -> None:
-    """``pytest args`` on the newest etcd, then its etcd tests again on each other version.
+def _run_on_each_etcd(session: nox.Session, *args: str, marker: str = "") -> None:
+    """``pytest args`` (``-m marker``) on the newest etcd, then its etcd tests again on
+    each other version.
 
     A skipped etcd test fails the run (TP_REQUIRE_ETCD, see the top-level conftest.py).
     """
@@ -147,7 +148,8 @@ def _run_on_each_etcd(session: nox.Session, *args: str) -> None:
         which = "all tests" if index == 0 else "the etcd tests again"
         session.log(f"etcd {version} ({binary}): {which}")
         env = {"TP_ETCD_BINARY": binary, "TP_REQUIRE_ETCD": "1"}
-        session.run("pytest", *args, *([] if index == 0 else ["-m", "etcd"]), env=env)
+        selected = marker if index == 0 else f"({marker}) and etcd" if marker else "etcd"
+        session.run("pytest", *args, *(["-m", selected] if selected else []), env=env)
 
 
 @nox.session
@@ -269,7 +271,7 @@ def chaos(session: nox.Session) -> None:
 def interop(session: nox.Session) -> None:
     """PyTorch 2.13 clients and servers as real peers of ours."""
     session.install(*TEST_TOOLS, TORCH, *_local(*PACKAGES))
-    session.run("pytest", "tests/interop", "-m", "interop", *session.posargs)
+    _run_on_each_etcd(session, "tests/interop", *session.posargs, marker="interop")
 
 
 @nox.session

@@ -106,6 +106,7 @@ def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_end
     ]
 
 
+@pytest.mark.etcd
 def test_torchrun_on_etcd_restarts_on_a_fresh_store(tmp_path: Path) -> None:
     """``--rdzv-backend=tp-etcd``: one node on a real etcd, whose workers fail once."""
     binary = find_etcd()
