@@ -25,6 +25,8 @@ from tp_rdzv_dynamic import (
     _NodeDesc,
     _RendezvousStateHolder,
 )
+from tp_rdzv_dynamic.board import encode_message
+from tp_rdzv_dynamic.decisions import Join
 from tp_rdzv_dynamic.state import decode_state
 from tp_store import PrefixStore, StoreError, TCPStore
 
@@ -86,6 +88,25 @@ def test_a_local_addr_it_cannot_listen_on_bootstraps_on_every_interface(make_nod
     warnings = [r for r in caplog.records if "bootstrap store listens on every" in r.getMessage()]
     assert len(warnings) == 1
     assert bootstrap.master_addr in warnings[0].getMessage()
+
+
+def test_a_rank_0_dead_before_publishing_the_bootstrap_store_fails_nobody(
+    make_node, server, caplog
+):
+    # A join nobody heartbeats for, under an address that sorts first: it gets rank 0
+    # of the round, never publishes the workers' bootstrap store, and is found dead.
+    # The others must not fail with it (an agent gives up on any error): they join the
+    # next round.
+    ghost = _NodeDesc("0.ghost", 1, 0)
+    server.queue_push(f"tp_rdzv/{RUN}/mailbox", encode_message(Join(ghost, None, 0)))
+    handlers = [make_node(2, 3, join=30) for _ in range(2)]
+    infos = rendezvous_all(handlers)
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert all(ghost not in info.participants for info in infos)
+    (bootstrap,) = {info.bootstrap_store_info for info in infos}
+    TCPStore(bootstrap.master_addr, bootstrap.port, timeout=5).close()
+    abandoned = [r for r in caplog.records if getattr(r, "action", None) == "round_abandoned"]
+    assert len(abandoned) == 2, "the ghost did not get rank 0 of a round"
 
 
 def test_round_stores_are_separate_and_shared(make_node):

@@ -211,6 +211,11 @@ class RendezvousBoard:
         """Whether the completed ``round_`` turns stale within ``timeout`` seconds."""
         return self._appears(self.stale_key(round_), timeout, f"watching round {round_}")
 
+    def is_stale(self, round_: int) -> bool:
+        """Whether the completed ``round_`` is stale now (no waiting)."""
+        key = self.stale_key(round_)
+        return self._call(f"watching round {round_}", lambda: self.store.check([key]))
+
     def mark_stale(self, round_: int) -> None:
         """Tell the nodes of the completed ``round_`` that membership changed."""
         self._call(

@@ -28,7 +28,7 @@ from tp_rdzv_api import (
     RendezvousTimeout,
     RendezvousTimeoutError,
 )
-from tp_store import PrefixStore, Store, StoreError, TCPStore
+from tp_store import PrefixStore, Store, StoreError, StoreTimeoutError, TCPStore
 
 from .backend import RendezvousBackend
 from .board import RECEIPT_PREFIX, Lease, RendezvousBoard
@@ -136,7 +136,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._heartbeat_stop: threading.Event | None = None
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
-        # Rank 0's server for the workers of its last round (see _bootstrap_info).
+        # Rank 0's server for the workers of its last round (see _host_bootstrap_store).
         self._bootstrap_server: TCPStore | None = None
 
     @classmethod
@@ -225,6 +225,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousConnectionError: the store failed.
             RendezvousStateError: the stored state is corrupt.
         """
+        while True:
+            info = self._join_next_round()
+            if info is not None:
+                return info
+
+    def _join_next_round(self) -> RendezvousInfo | None:
+        """This node's next round, or ``None`` when nobody can use it.
+
+        That is when the round's rank 0 died before publishing the workers'
+        bootstrap store: no node returned that round, and the caller joins the
+        next one.
+        """
         self._stop_heartbeats()
         # The agent stopped the workers of the last round before asking again.
         self._close_bootstrap_server()
@@ -270,6 +282,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 break
             round_ = outcome.round + 1
         self._round = outcome.round
+        info = self._info(outcome, rank)
+        if info is None:
+            self._event(
+                logging.WARNING,
+                "round_abandoned",
+                f"round {outcome.round} went stale before its rank 0 published the workers' "
+                f"bootstrap store; {node} joins the next round",
+                round_=outcome.round,
+            )
+            return None
         self._event(
             logging.INFO,
             "round_joined",
@@ -277,7 +299,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             duration=time.monotonic() - started,
         )
         self._start_heartbeats()
-        return self._info(outcome, rank)
+        return info
 
     # -- beyond the documented API: for agents and operators -------------------
     def wait_for_change(self, timeout: float) -> bool:
@@ -515,18 +537,62 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     # -- after a round ----------------------------------------------------------------
-    def _info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo:
+    def _info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo | None:
+        """What ``next_rendezvous`` returns; ``None`` if rank 0 died first (see below)."""
         round_store = PrefixStore(f"tp_rdzv/{self.get_run_id()}/r{outcome.round}", self._store)
+        if rank == 0:
+            bootstrap = self._host_bootstrap_store(round_store)
+        else:
+            found = self._await_bootstrap_info(rank, round_store, outcome.round)
+            if found is None:
+                return None
+            bootstrap = found
         return RendezvousInfo(
             round_store,
             rank,
             len(outcome.participants),
-            self._bootstrap_info(rank, round_store),
+            bootstrap,
             list(outcome.participants),
             list(outcome.wait_list),
         )
 
-    def _bootstrap_info(self, rank: int, round_store: Store) -> RendezvousStoreInfo:
+    def _await_bootstrap_info(
+        self, rank: int, round_store: Store, round_: int
+    ) -> RendezvousStoreInfo | None:
+        """The bootstrap store rank 0 publishes; ``None`` if the round turns stale first.
+
+        Rank 0 may die between the outcome and publishing; waiting on would
+        make every other node fail with it. Meanwhile this node heartbeats and
+        watches the lease as while joining: rank 0 may have been the steward,
+        and only a steward marks the round stale.
+        """
+        keys = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
+        deadline = time.monotonic() + self._settings.timeout.join.total_seconds()
+        while True:
+            try:
+                round_store.wait(keys, self._tick)
+            except StoreTimeoutError:
+                pass
+            except StoreError as exc:
+                raise self._board_error("waiting for the bootstrap store's address", exc) from exc
+            else:
+                try:
+                    return RendezvousStoreInfo.build(rank, round_store)
+                except StoreError as exc:
+                    raise self._board_error("reading the bootstrap store's address", exc) from exc
+            now = time.monotonic()
+            self._board.beat(self._node)
+            self._watch_lease(now)
+            if self._board.is_stale(round_) and not round_store.check(keys):
+                return None
+            if now >= deadline:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self.get_run_id()!r}: timed out after the join timeout "
+                    f"({self._settings.timeout.join}) waiting for rank 0 of round {round_} "
+                    "to publish the workers' bootstrap store"
+                )
+
+    def _host_bootstrap_store(self, round_store: Store) -> RendezvousStoreInfo:
         """Where the workers of this round bootstrap: an empty store of their own.
 
         Rank 0 hosts a new server per round and publishes its address in the
@@ -534,11 +600,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
         restarted job so never meet keys of an earlier attempt (gloo's
         addresses, c10d's barriers), as they would on the rendezvous store.
         """
-        if rank != 0:
-            try:
-                return RendezvousStoreInfo.build(rank, round_store)
-            except StoreError as exc:
-                raise self._board_error("reading the address of the bootstrap store", exc) from exc
         addr = self._node.addr
         try:
             server = TCPStore(addr, 0, is_master=True, wait_for_workers=False)
