@@ -24,7 +24,8 @@ QUIET = 120.0
 
 def _forward(name: str) -> Callable[..., Any]:
     def call(self: CountingStore, *args: Any, **kwargs: Any) -> Any:
-        key = args[0] if args and isinstance(args[0], (str, bytes)) else ""
+        first = args[0] if args else ""
+        key = first[0] if isinstance(first, (list, tuple)) and first else first
         # Traffic in the round's own store (the bootstrap address) is the
         # workers' business, not the rendezvous'.
         if "/r0/" not in str(key):
