@@ -6,6 +6,8 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 _MEMORY_BOUND = 1 << 30  # a server that reads /dev/zero whole fails fast under it
 
 
@@ -36,3 +38,16 @@ def test_an_endless_secret_file_is_refused_in_one_line() -> None:
     result = _run("--secret-file", "/dev/zero")
     assert result.returncode == 1
     assert result.stderr == "error: the store secret file '/dev/zero' is not a regular file\n"
+
+
+@pytest.mark.parametrize("backlog", ["0", "99999999999999999999"])
+def test_a_backlog_out_of_range_is_one_line(backlog: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tp_store", "--port", "0", "--backlog", backlog],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == f"error: backlog must be in 1..2147483647, got {backlog}"

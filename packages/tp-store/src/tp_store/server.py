@@ -104,6 +104,7 @@ log = logging.getLogger("tp_store.server")
 
 #: Listen backlog: a job's nodes connect at once; the kernel caps it at somaxconn.
 DEFAULT_BACKLOG = 4096
+_MAX_BACKLOG = 2**31 - 1
 #: Open connections a server accepts at most (a few per node of a big job).
 DEFAULT_MAX_CONNECTIONS = 16384
 #: Seconds a request may take to arrive whole from its first byte (the TLS
@@ -678,8 +679,8 @@ class StoreServer:
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
-        if backlog < 1:
-            raise ValueError(f"backlog must be >= 1, got {backlog}")
+        if not 1 <= backlog <= _MAX_BACKLOG:  # listen(2) takes a C int
+            raise ValueError(f"backlog must be in 1..{_MAX_BACKLOG}, got {backlog}")
         if isinstance(max_connections, bool) or not (
             isinstance(max_connections, int) and max_connections >= 1
         ):
