@@ -303,15 +303,16 @@ class _Connection(asyncio.Protocol):
         if transport is None or self._closed:
             return
         session = self._session
-        before = session.buffered
         try:
             turn = session.serve()
+            served = session.served
             while True:
                 if session.outbox:
                     self._flush(transport)
                 if turn is not Turn.FLUSH or self._writing_paused:
                     break
                 turn = session.serve()
+                served += session.served
         except (RequestBeforeAuthentication, AuthRefused) as exc:
             self._fail(transport, exc, "auth_refused")
             return
@@ -320,14 +321,15 @@ class _Connection(asyncio.Protocol):
             return
         if turn is Turn.YIELD:
             self._defer(transport)
-        self._recount_session()
         buffered = session.buffered
+        if buffered or self._counted or session.pending_bytes:
+            self._recount_session()
         if session.admitted:
             # The request timeout runs from the first byte of a request: a
             # client that trickles bytes cannot reset it by sending more.
             if not buffered:
                 self._partial_since = 0.0
-            elif buffered < before or not self._partial_since:
+            elif served or not self._partial_since:
                 self._partial_since = time.monotonic()
 
     def _flush(self, transport: asyncio.Transport) -> None:

@@ -79,7 +79,7 @@ from .protocol import (
     decode_stats,
 )
 from .security import PathLike, TLSConfig, load_secret
-from .semantics import INT64_MAX, check_multi_set, int_argument, timeout_error
+from .semantics import INT64_MAX, INT64_MIN, check_multi_set, int_argument, timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,8 @@ def _agent_store_serves(port: int) -> bool:
 
 
 def _user_key(key: Data) -> bytes:
+    if type(key) is str:  # the common case, without the type checks
+        return USER_KEY_PREFIX + key.encode()
     return USER_KEY_PREFIX + as_bytes(key, "key")
 
 
@@ -526,6 +528,11 @@ class TCPStore(Store):
         session = self._session
         sock = self._sock
         assert sock is not None
+        if not session.buffered:  # as a rule: nothing to read before the reply comes
+            data = sock.recv(_RECV_SIZE)
+            if not data:
+                raise ConnectionResetError("the store closed the connection")
+            session.receive(data)
         while isinstance(value := session.read(reply, count), Incomplete):
             data = sock.recv(_RECV_SIZE)
             if not data:
@@ -553,7 +560,9 @@ class TCPStore(Store):
     def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Send a request and read its reply, within the store timeout."""
         with self._lock:
-            sock = self._socket(self.timeout.total_seconds())
+            sock = self._sock
+            if sock is None or self._recv_timeout != self._timeout.total_seconds():
+                sock = self._socket(self._timeout.total_seconds())
             try:
                 sock.sendall(payload)
                 return self._receive(reply, count)
@@ -575,7 +584,9 @@ class TCPStore(Store):
     ) -> _T:
         """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
         with self._lock:
-            sock = self._socket(timeout)
+            sock = self._sock
+            if sock is None or self._recv_timeout != timeout:
+                sock = self._socket(timeout)
             session = self._session
             try:
                 sock.sendall(payload)
@@ -638,7 +649,8 @@ class TCPStore(Store):
         return values
 
     def add(self, key: Data, amount: int) -> int:
-        amount = int_argument(amount, "amount")  # the wire's i64
+        if type(amount) is not int or not INT64_MIN <= amount <= INT64_MAX:
+            amount = int_argument(amount, "amount")  # the wire's i64
         return self._request(Add.frame(_user_key(key), amount), Add.reply)
 
     def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:

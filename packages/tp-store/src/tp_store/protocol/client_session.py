@@ -74,6 +74,11 @@ class ClientSession:
         """The next reply, in the format of the request it answers, or INCOMPLETE."""
         return self._replies.read(reply, count)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read as a reply."""
+        return self._replies.buffered
+
     # -- the handshake and authentication ----------------------------------------------
     def hello(self) -> bytes:
         """Start over on a new connection: the bytes to send first; then read a

@@ -155,6 +155,7 @@ _GET: Final = _op(Opcode.GET)
 _ADD: Final = _op(Opcode.ADD)
 _WAIT: Final = _op(Opcode.WAIT)
 _WAIT_GET: Final = _op(Opcode.WAIT_GET)
+_ONE: Final = U64.pack(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +355,8 @@ class WaitGet(Message):
     @staticmethod
     def frame(keys: Sequence[bytes]) -> bytes:
         """``WaitGet(keys).encode()``, without building the request."""
+        if len(keys) == 1:  # a get
+            return b"".join((_WAIT_GET, _ONE, U64.pack(len(keys[0])), keys[0]))
         return _WAIT_GET + _keys_field(keys)
 
 

@@ -37,6 +37,10 @@ class Phase(enum.Enum):
     #: Over: nothing more is read or sent.
     CLOSED = "closed"
 
+    # Members are singletons: hashed by identity, not by name (Enum's own
+    # __hash__ is Python code, and the table is looked up on every wait).
+    __hash__ = object.__hash__
+
 
 class Event(enum.Enum):
     """What moves a connection from one phase to another."""
@@ -58,6 +62,8 @@ class Event(enum.Enum):
     CANCELLED = "cancelled"
     #: The connection ended.
     CLOSED = "closed"
+
+    __hash__ = object.__hash__
 
 
 #: The only moves a connection makes; anything else is a protocol error.

@@ -38,7 +38,6 @@ from .replies import (
     NONCE_REPLY,
     WAIT_GET_REPLY,
     CheckReply,
-    ReplyFormat,
     WaitReply,
 )
 from .requests import Layouts, RequestParser
@@ -106,10 +105,12 @@ class ServerSession:
         "_stats",
         "_turn_left",
         "_woken",
+        "admitted",
         "extended",
         "outbox",
         "pending_bytes",
         "phase",
+        "served",
     )
 
     def __init__(
@@ -129,6 +130,9 @@ class ServerSession:
         self._ops = ops
         self._woken = woken
         self.phase = Phase.HANDSHAKE
+        #: Whether requests other than the handshake and authentication may be
+        #: served (SERVING or WAITING).
+        self.admitted = False
         # Until admitted, the parser refuses every request but the handshake
         # and authentication from its opcode, and anything over a few hundred bytes.
         self._parser = RequestParser(limits, authenticated=secret is None)
@@ -143,12 +147,10 @@ class ServerSession:
         #: Replies not yet written.
         self.outbox: list[bytes] = []
         self._turn_left = REQUESTS_PER_TURN
+        #: Requests the last :meth:`serve` applied.
+        self.served = 0
 
     # -- what the I/O layer reads -------------------------------------------------
-    @property
-    def admitted(self) -> bool:
-        """Whether requests other than the handshake and authentication may be served."""
-        return self.phase is Phase.SERVING or self.phase is Phase.WAITING
 
     @property
     def parked(self) -> bool:
@@ -172,23 +174,27 @@ class ServerSession:
         out = self.outbox
         size = 0
         left = self._turn_left
-        while left:
+        served = 0
+        while served < left:
             parsed = parser.next_fields()
             if parsed is None:
+                self.served = served
                 self._turn_left = REQUESTS_PER_TURN
                 return Turn.IDLE
             opcode, fields = parsed
             ops[opcode] += 1
-            left -= 1
-            handler, reply = _HANDLERS[opcode]
+            served += 1
+            handler, pack = _HANDLERS[opcode]
             value = handler(self, fields)
             if value is not None:
-                encoded = reply.encode(value)
+                encoded = pack(value)
                 out.append(encoded)
                 size += len(encoded)
-                if size >= FLUSH_BYTES and left:
-                    self._turn_left = left
+                if size >= FLUSH_BYTES and served < left:
+                    self.served = served
+                    self._turn_left = left - served
                     return Turn.FLUSH
+        self.served = served
         self._turn_left = REQUESTS_PER_TURN
         return Turn.YIELD if parser.buffered else Turn.IDLE
 
@@ -196,6 +202,7 @@ class ServerSession:
         """End the session: its parked wait is dropped; nothing more is served."""
         self._drop_pending()
         self.phase = advance(self.phase, Event.CLOSED)
+        self.admitted = False
         self._parser = RequestParser(self._limits)  # its buffer is garbage now
 
     # -- session rules ----------------------------------------------------------------
@@ -273,6 +280,10 @@ class ServerSession:
 
     def _wait_get(self, fields: list[Any]) -> tuple[int, list[bytes]] | None:
         keys = fields[0]
+        if len(keys) == 1:  # a get: one value, within the limits by construction
+            value = self._state.data.get(keys[0])
+            if value is not None:
+                return (WaitReply.STOP_WAITING, [value])
         if self._park(keys, self._wake_with_values):
             return (WaitReply.STOP_WAITING, self._bounded(self._state.multi_get(keys)))
         return None
@@ -342,6 +353,7 @@ class ServerSession:
         if self.phase is Phase.HANDSHAKE:
             event = Event.HELLO if self._secret is None else Event.HELLO_AUTH
             self.phase = advance(self.phase, event)
+            self.admitted = self.phase is Phase.SERVING
         if not self.admitted:
             self._before_auth()
 
@@ -365,6 +377,7 @@ class ServerSession:
             self.outbox.append(_AUTH_REFUSED)
             raise AuthRefused("wrong proof of the secret (authentication failed)")
         self.phase = advance(self.phase, Event.AUTHENTICATED)
+        self.admitted = True
         self._parser.authenticated()
         return server_proof
 
@@ -375,8 +388,8 @@ _Handler = Callable[[ServerSession, list[Any]], Any]
 
 #: Each opcode's handler and the format its value is encoded in (the
 #: request's declared reply): dispatch by table, not by type tests.
-_HANDLERS: Final[dict[int, tuple[_Handler, ReplyFormat[Any]]]] = {
-    opcode: (handler, REQUEST_TYPES[opcode].reply)
+_HANDLERS: Final[dict[int, tuple[_Handler, Callable[[Any], bytes]]]] = {
+    opcode: (handler, REQUEST_TYPES[opcode].reply.pack)
     for opcode, handler in {
         Opcode.VALIDATE: ServerSession._validate,
         Opcode.SET: ServerSession._set,
