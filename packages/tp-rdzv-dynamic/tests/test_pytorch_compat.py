@@ -26,6 +26,7 @@ from tp_rdzv_api import (
     create_handler,
 )
 from tp_rdzv_dynamic import DynamicRendezvousHandler, RendezvousBackend, Token
+from tp_rdzv_dynamic.layout import torch_state_key
 from tp_rdzv_dynamic.torch_c10d import TorchC10dRun
 from tp_rdzv_dynamic.torch_state import (
     TORCH_MODULE,
@@ -34,7 +35,6 @@ from tp_rdzv_dynamic.torch_state import (
     TorchRendezvousState,
     decode_torch_state,
     encode_torch_state,
-    torch_state_key,
 )
 from tp_store import TCPStore
 

@@ -31,7 +31,7 @@ from tp_rdzv_api import (
 from tp_store import PrefixStore, Store, StoreError, StoreTimeoutError, TCPStore
 
 from .backend import RendezvousBackend
-from .board import RECEIPT_PREFIX, Lease, RendezvousBoard
+from .board import Lease, RendezvousBoard
 from .decisions import Join, Leave
 from .events import log_event
 from .holder import _RendezvousStateHolder
@@ -509,7 +509,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Withdraw this node after its join timed out; the error to raise."""
         board = self._board
         gathered = board.pending()
-        receipt = f"{RECEIPT_PREFIX}{self._node.key}/{next(_receipts)}"
+        receipt = board.keys.new_receipt(self._node.key, next(_receipts))
         board.post(Leave(self._node), receipt)
         grace = min(_ROLLBACK_GRACE, self._settings.timeout.close.total_seconds())
         if not board.await_receipt(receipt, grace):
@@ -539,7 +539,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
     # -- after a round ----------------------------------------------------------------
     def _info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo | None:
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died first (see below)."""
-        round_store = PrefixStore(f"tp_rdzv/{self.get_run_id()}/r{outcome.round}", self._store)
+        round_store = PrefixStore(self._board.keys.round_store(outcome.round), self._store)
         if rank == 0:
             bootstrap = self._host_bootstrap_store(round_store)
         else:

@@ -145,7 +145,7 @@ class Steward:
         self._next_beat = now + self._tick
         state = self._state
         if state.complete:
-            key = self.board.outcome_key(state.round)
+            key = self.board.keys.outcome(state.round)
             published = self.board.publish(state.round, encode_outcome(state))
             try:
                 members = len(decode_outcome(published, key).participants)
@@ -288,7 +288,7 @@ class Steward:
             if log.isEnabledFor(logging.INFO):
                 # The record names the membership committed (a digest, not the
                 # list): a log of these is what split-brain checks compare.
-                members = decode_outcome(outcome, self.board.outcome_key(round_)).participants
+                members = decode_outcome(outcome, self.board.keys.outcome(round_)).participants
                 log_event(
                     log,
                     logging.INFO,
