@@ -17,7 +17,7 @@ from typing import TypeVar
 from tp_rdzv_api import RendezvousConnectionError
 from tp_store import QueueEmptyError, Store, StoreError, StoreTimeoutError
 
-from .decisions import Event, Join, Leave
+from .decisions import Join, Leave, Message
 from .documents import MAX_MESSAGE_BYTES, load_document
 from .layout import MAX_RECEIPT_LENGTH, RECEIPT_PREFIX, RunLayout
 from .node import _NodeDesc, node_from_fields
@@ -71,7 +71,7 @@ class Lease:
         return f"{epoch} {holder or '-'} {beat} {round_}".encode()
 
 
-def encode_message(event: Event, receipt: str | None = None) -> bytes:
+def encode_message(event: Message, receipt: str | None = None) -> bytes:
     """A mailbox message carrying ``event``."""
     node = event.node
     document: dict[str, object] = {
@@ -87,7 +87,7 @@ def encode_message(event: Event, receipt: str | None = None) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def decode_message(raw: bytes) -> tuple[Event | None, str | None]:
+def decode_message(raw: bytes) -> tuple[Message | None, str | None]:
     """The event (``None`` for a wake-up) and receipt in a mailbox message.
 
     Raises ``ValueError`` if the message is malformed, longer than
@@ -155,7 +155,7 @@ class RendezvousBoard:
         """One heartbeat of ``node``."""
         self._call("sending a heartbeat", lambda: self.store.add(self.keys.heartbeat(node.key), 1))
 
-    def post(self, event: Event, receipt: str | None = None) -> None:
+    def post(self, event: Message, receipt: str | None = None) -> None:
         """Put ``event`` in the mailbox for the steward."""
         message, mailbox = encode_message(event, receipt), self.keys.mailbox
         self._call("posting to the mailbox", lambda: self.store.queue_push(mailbox, message))
@@ -261,9 +261,9 @@ class RendezvousBoard:
         """Whether the mailbox holds a message within ``timeout`` seconds."""
         return self._appears(self.keys.mailbox, timeout, "waiting for the mailbox")
 
-    def take_mail(self) -> list[tuple[Event | None, str | None]]:
+    def take_mail(self) -> list[tuple[Message | None, str | None]]:
         """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped."""
-        messages: list[tuple[Event | None, str | None]] = []
+        messages: list[tuple[Message | None, str | None]] = []
         with self._store_errors("reading the mailbox"):
             while len(messages) < MAX_BATCH:
                 try:

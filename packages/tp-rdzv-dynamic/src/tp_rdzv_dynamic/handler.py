@@ -32,12 +32,12 @@ from tp_store import PrefixStore, Store, StoreError, StoreTimeoutError, TCPStore
 
 from .backend import RendezvousBackend
 from .board import Lease, RendezvousBoard
-from .decisions import Join, Leave
+from .decisions import Close, Join, Leave, apply
 from .events import log_event
 from .holder import _RendezvousStateHolder
 from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
 from .settings import RendezvousSettings
-from .state import RendezvousState, RoundOutcome, encode_closed_outcome
+from .state import RendezvousState, RoundOutcome, encode_outcome
 from .status import RendezvousStatus, build_status, decode_liveness
 from .steward import Steward
 
@@ -371,21 +371,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if not board.claim_closing(self._node) and board.await_closed(close_timeout):
             return
         state, token = self._holder.load()
-        deadline = time.monotonic() + self._settings.timeout.close.total_seconds()
-        while not state.closed:
+        deadline = time.monotonic() + close_timeout
+        while True:
+            closing = apply(state, [Close()], self._settings)
+            if state.closed:
+                break
             if time.monotonic() > deadline:
                 raise RendezvousTimeoutError(
                     f"rendezvous {self.get_run_id()!r}: could not record the closing within "
                     f"the close timeout ({self._settings.timeout.close})"
                 )
-            closed = state.copy()
-            closed.closed = True
-            state, token, _ = self._holder.save(closed, token)
-        # Wake everyone waiting for the open round or the one after it, and
-        # the agents watching the completed one.
-        first = state.round + 1 if state.complete else state.round
-        for round_ in (first, first + 1):
-            self._board.publish(round_, encode_closed_outcome(round_))
+            state, token, _ = self._holder.save(closing.state, token)
+        # Wake the nodes waiting for a round, and the agents watching the completed one.
+        for outcome in closing.outcomes:
+            board.publish(outcome.round, encode_outcome(outcome))
         if state.complete:
             self._board.mark_stale(state.round)
         self._board.close()

@@ -76,6 +76,22 @@ class RendezvousState:
         """The participants sorted by rank."""
         return sorted(self.participants, key=self.participants.__getitem__)
 
+    @property
+    def waiting_round(self) -> int:
+        """The round a joining node waits for: the open one, or the one after a completed one."""
+        return self.round + 1 if self.complete else self.round
+
+    def outcome(self) -> RoundOutcome:
+        """The outcome of the completed round, as every node of it reads it."""
+        return RoundOutcome(
+            self.round,
+            closed=False,
+            participants=tuple(self.in_rank_order()),
+            wait_list=tuple(self.wait_list),
+            redundancy_list=tuple(self.redundancy_list),
+            ranks=dict(self.participants),
+        )
+
 
 @dataclass(frozen=True)
 class RoundOutcome:
@@ -96,7 +112,7 @@ class RoundOutcome:
     closed: bool
     participants: tuple[_NodeDesc, ...] = ()
     wait_list: tuple[_NodeDesc, ...] = ()
-    redundancy_list: frozenset[_NodeDesc] = frozenset()
+    redundancy_list: tuple[_NodeDesc, ...] = ()
     ranks: dict[_NodeDesc, int] = field(default_factory=dict, compare=False)
     error: str | None = None
 
@@ -123,41 +139,29 @@ def encode_state(state: RendezvousState) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def encode_outcome(state: RendezvousState) -> bytes:
-    """The outcome of the state's completed round, as published to the nodes.
+def encode_outcome(outcome: RoundOutcome) -> bytes:
+    """``outcome`` as published to the nodes: complete, closed, or why nobody could decide it.
 
-    Every node reads it, so a large one is zlib-compressed JSON (node names
-    repeat a lot): a few KiB per node instead of ~30 bytes per participant.
+    Every node reads a complete one, so a large one is zlib-compressed JSON
+    (node names repeat a lot): a few KiB per node instead of ~30 bytes per
+    participant.
     """
-    document = {
-        "format": OUTCOME_FORMAT,
-        "schema": SCHEMA,
-        "round": state.round,
-        "status": "complete",
-        "participants": [_node_fields(n) for n in state.in_rank_order()],
-        "wait_list": [_node_fields(n) for n in state.wait_list],
-        "redundancy_list": [_node_fields(n) for n in state.redundancy_list],
-    }
+    document: dict[str, Any] = {"format": OUTCOME_FORMAT, "schema": SCHEMA, "round": outcome.round}
+    if outcome.closed:
+        document["status"] = "closed"
+    elif outcome.error is not None:
+        document.update(status="error", error=outcome.error)
+    else:
+        document.update(
+            status="complete",
+            participants=[_node_fields(n) for n in outcome.participants],
+            wait_list=[_node_fields(n) for n in outcome.wait_list],
+            redundancy_list=[_node_fields(n) for n in outcome.redundancy_list],
+        )
     raw = json.dumps(document, separators=(",", ":")).encode()
-    return zlib.compress(raw) if len(raw) > _COMPRESS_ABOVE else raw
-
-
-def encode_closed_outcome(round_: int) -> bytes:
-    """The outcome of a round that the closing of the rendezvous ended."""
-    document = {"format": OUTCOME_FORMAT, "schema": SCHEMA, "round": round_, "status": "closed"}
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def encode_failed_outcome(round_: int, error: str) -> bytes:
-    """The outcome of a round the steward could not decide, and why."""
-    document = {
-        "format": OUTCOME_FORMAT,
-        "schema": SCHEMA,
-        "round": round_,
-        "status": "error",
-        "error": error,
-    }
-    return json.dumps(document, separators=(",", ":")).encode()
+    if document["status"] == "complete" and len(raw) > _COMPRESS_ABOVE:
+        return zlib.compress(raw)
+    return raw
 
 
 class _Reader:
@@ -263,6 +267,6 @@ def decode_outcome(raw: bytes, where: str) -> RoundOutcome:
         closed=False,
         participants=participants,
         wait_list=tuple(node for node, _ in reader.nodes("wait_list")),
-        redundancy_list=frozenset(node for node, _ in reader.nodes("redundancy_list")),
+        redundancy_list=tuple(node for node, _ in reader.nodes("redundancy_list")),
         ranks=ranks,
     )

@@ -23,7 +23,7 @@ from .holder import _RendezvousStateHolder
 from .liveness import LivenessTracker
 from .node import _NodeDesc
 from .settings import RendezvousSettings
-from .state import RendezvousState, decode_outcome, encode_failed_outcome, encode_outcome
+from .state import RendezvousState, RoundOutcome, decode_outcome, encode_outcome
 from .status import encode_liveness
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class Steward:
         state = self._state
         if state.complete:
             key = self.board.keys.outcome(state.round)
-            published = self.board.publish(state.round, encode_outcome(state))
+            published = self.board.publish(state.round, encode_outcome(state.outcome()))
             try:
                 members = len(decode_outcome(published, key).participants)
             except RendezvousStateError as exc:
@@ -283,22 +283,21 @@ class Steward:
 
     def _announce(self, transition: Transition) -> None:
         """Publish the outcomes of the rounds that completed, then the counters."""
-        for round_, outcome in transition.outcomes:
-            self.board.publish(round_, outcome)
-            if log.isEnabledFor(logging.INFO):
-                # The record names the membership committed (a digest, not the
-                # list): a log of these is what split-brain checks compare.
-                members = decode_outcome(outcome, self.board.keys.outcome(round_)).participants
-                log_event(
-                    log,
-                    logging.INFO,
-                    "round_complete",
-                    f"round {round_} complete with {len(members)} nodes (epoch {self.epoch})",
-                    run_id=self.board.run_id,
-                    node=self.node,
-                    round_=round_,
-                    participants=members,
-                )
+        for outcome in transition.outcomes:
+            round_, members = outcome.round, outcome.participants
+            self.board.publish(round_, encode_outcome(outcome))
+            # The record names the membership committed (a digest, not the
+            # list): a log of these is what split-brain checks compare.
+            log_event(
+                log,
+                logging.INFO,
+                "round_complete",
+                f"round {round_} complete with {len(members)} nodes (epoch {self.epoch})",
+                run_id=self.board.run_id,
+                node=self.node,
+                round_=round_,
+                participants=members,
+            )
         self._publish_counters()
 
     def _publish_counters(self) -> None:
@@ -314,8 +313,7 @@ class Steward:
 
     def _round_hint(self) -> int:
         """The round a node joining now should wait for (published in the lease)."""
-        state = self._state
-        return state.round + 1 if state.complete else state.round
+        return self._state.waiting_round
 
     def _update_last_call(self, now: float) -> None:
         if not needs_last_call(self._state, self.settings):
@@ -348,7 +346,8 @@ class Steward:
         with contextlib.suppress(RendezvousError):
             first = self.board.read_lease().round
             for round_ in (first, first + 1):
-                self.board.publish(round_, encode_failed_outcome(round_, str(exc)))
+                failed = RoundOutcome(round_, closed=False, error=str(exc))
+                self.board.publish(round_, encode_outcome(failed))
 
     def _resign(self) -> None:
         vacant = Lease.encode(self.epoch, "", self._beat + 1, self._round_hint())
