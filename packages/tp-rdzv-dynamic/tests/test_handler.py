@@ -25,9 +25,8 @@ from tp_rdzv_dynamic import (
     _NodeDesc,
     _RendezvousStateHolder,
 )
-from tp_rdzv_dynamic.board import encode_message
 from tp_rdzv_dynamic.decisions import Join
-from tp_rdzv_dynamic.state import decode_state
+from tp_rdzv_dynamic.documents import decode_state, encode_message
 from tp_store import PrefixStore, StoreError, TCPStore
 
 

@@ -1,5 +1,6 @@
-"""The store keys through which nodes and the steward talk (see docs/design).
+"""Reading and writing the keys through which the nodes and the steward talk.
 
+I/O only: the keys are :mod:`.layout`'s, the documents :mod:`.documents`'.
 Every store failure leaves this module as a
 :class:`~tp_rdzv_api.RendezvousConnectionError` naming the run, so callers
 deal with one exception type.
@@ -7,21 +8,19 @@ deal with one exception type.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TypeVar
 
 from tp_rdzv_api import RendezvousConnectionError
 from tp_store import QueueEmptyError, Store, StoreError, StoreTimeoutError
 
-from .decisions import Join, Leave, Message
-from .documents import MAX_MESSAGE_BYTES, load_document
-from .layout import MAX_RECEIPT_LENGTH, RECEIPT_PREFIX, RunLayout
-from .node import _NodeDesc, node_from_fields
-from .state import RoundOutcome, decode_outcome
+from .decisions import Message
+from .documents import WAKE_MESSAGE, Lease, decode_message, decode_outcome, encode_message
+from .layout import RunLayout
+from .node import _NodeDesc
+from .state import RoundOutcome
 
 log = logging.getLogger(__name__)
 
@@ -29,104 +28,6 @@ _T = TypeVar("_T")
 
 #: The most messages the steward takes from the mailbox before deciding.
 MAX_BATCH = 4096
-
-
-@dataclass(frozen=True)
-class Lease:
-    """The steward lease as read from the store.
-
-    Who holds it, at which epoch, its heartbeat, and the round a joining node
-    should wait for: one read tells a joiner both whom to trust and where to
-    wait.
-    """
-
-    raw: bytes
-    epoch: int
-    holder: str  # a node key, or "" when vacant
-    round: int = 0
-
-    @classmethod
-    def parse(cls, raw: bytes) -> Lease:
-        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0, round 0.
-
-        So does a lease longer than :data:`~.documents.MAX_MESSAGE_BYTES`
-        (no steward writes one): what a store writer put there costs no more
-        to read than a real lease.
-        """
-        if len(raw) > MAX_MESSAGE_BYTES:
-            return cls(raw, 0, "")
-        parts = raw.split(b" ")
-        if len(parts) != 4:
-            return cls(raw, 0, "")
-        try:
-            epoch, round_ = int(parts[0]), int(parts[3])
-            holder = "" if parts[1] == b"-" else parts[1].decode()
-        except (ValueError, UnicodeDecodeError):
-            return cls(raw, 0, "")
-        return cls(raw, max(epoch, 0), holder, max(round_, 0))
-
-    @staticmethod
-    def encode(epoch: int, holder: str, beat: int, round_: int) -> bytes:
-        """The lease of ``holder`` (``""``: vacant) at heartbeat ``beat``, hinting ``round_``."""
-        return f"{epoch} {holder or '-'} {beat} {round_}".encode()
-
-
-def encode_message(event: Message, receipt: str | None = None) -> bytes:
-    """A mailbox message carrying ``event``."""
-    node = event.node
-    document: dict[str, object] = {
-        "op": "join" if isinstance(event, Join) else "leave",
-        "node": [node.addr, node.pid, node.local_id],
-    }
-    if isinstance(event, Join):
-        document["round"] = event.round
-        if event.hint is not None:
-            document["hint"] = event.hint
-    if receipt is not None:
-        document["receipt"] = receipt
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def decode_message(raw: bytes) -> tuple[Message | None, str | None]:
-    """The event (``None`` for a wake-up) and receipt in a mailbox message.
-
-    Raises ``ValueError`` if the message is malformed, longer than
-    :data:`~.documents.MAX_MESSAGE_BYTES` or nested too deeply.
-    """
-    document = load_document(raw, MAX_MESSAGE_BYTES)
-    if not isinstance(document, dict):
-        raise ValueError("not a JSON object")
-    if document.get("op") == "wake":
-        return None, None
-    fields = document.get("node")
-    if not isinstance(fields, list) or len(fields) != 3:
-        raise ValueError(f"bad node {fields!r:.200}: expected [address, pid, local id]")
-    try:
-        node = node_from_fields(*fields)
-    except ValueError as exc:
-        raise ValueError(f"bad node: {exc}") from exc
-    receipt = document.get("receipt")
-    if receipt is not None and not (
-        isinstance(receipt, str)
-        and receipt.startswith(RECEIPT_PREFIX)
-        and len(receipt) <= MAX_RECEIPT_LENGTH
-    ):
-        raise ValueError(
-            f"bad receipt {receipt!r:.200}: expected {RECEIPT_PREFIX!r} and at most "
-            f"{MAX_RECEIPT_LENGTH} characters"
-        )
-    op = document.get("op")
-    if op == "leave":
-        return Leave(node), receipt
-    if op != "join":
-        raise ValueError(f"unknown op {op!r:.200}")
-    hint = document.get("hint")
-    if hint is not None and (type(hint) is not int or hint < 0):
-        raise ValueError(f"bad hint {hint!r:.200}")
-    round_ = document.get("round")
-    if type(round_) is not int or round_ < 0:
-        raise ValueError(f"bad round {round_!r:.200}")
-    return Join(node, hint, round_), receipt
 
 
 class RendezvousBoard:
@@ -313,7 +214,7 @@ class RendezvousBoard:
     def wake(self) -> None:
         """Wake a steward blocked on the mailbox (it ignores the message)."""
         self._call(
-            "waking the steward", lambda: self.store.queue_push(self.keys.mailbox, b'{"op":"wake"}')
+            "waking the steward", lambda: self.store.queue_push(self.keys.mailbox, WAKE_MESSAGE)
         )
 
     def confirm(self, receipts: Sequence[str]) -> None:

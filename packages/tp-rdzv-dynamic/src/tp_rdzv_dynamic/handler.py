@@ -31,14 +31,15 @@ from tp_rdzv_api import (
 from tp_store import PrefixStore, Store, StoreError, StoreTimeoutError, TCPStore
 
 from .backend import RendezvousBackend
-from .board import Lease, RendezvousBoard
+from .board import RendezvousBoard
 from .decisions import Close, Join, Leave, apply
+from .documents import Lease, decode_liveness, encode_outcome
 from .events import log_event
 from .holder import _RendezvousStateHolder
 from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
 from .settings import RendezvousSettings
-from .state import RendezvousState, RoundOutcome, encode_outcome
-from .status import RendezvousStatus, build_status, decode_liveness
+from .state import RendezvousState, RoundOutcome
+from .status import RendezvousStatus, build_status
 from .steward import Steward
 
 log = logging.getLogger(__name__)

@@ -16,15 +16,15 @@ import time
 
 from tp_rdzv_api import RendezvousError, RendezvousStateError
 
-from .board import Lease, RendezvousBoard
+from .board import RendezvousBoard
 from .decisions import Event, Leave, Transition, apply, needs_last_call
+from .documents import Lease, decode_outcome, encode_liveness, encode_outcome
 from .events import log_event
 from .holder import _RendezvousStateHolder
 from .liveness import LivenessTracker
 from .node import _NodeDesc
 from .settings import RendezvousSettings
-from .state import RendezvousState, RoundOutcome, decode_outcome, encode_outcome
-from .status import encode_liveness
+from .state import RendezvousState, RoundOutcome
 
 log = logging.getLogger(__name__)
 
