@@ -33,14 +33,14 @@ from tp_store import PrefixStore, Store, StoreError, StoreTimeoutError, TCPStore
 from .backend import RendezvousBackend
 from .board import RendezvousBoard
 from .decisions import Close, Join, Leave, apply
-from .documents import Lease, decode_liveness, encode_outcome
+from .documents import decode_liveness, encode_outcome
 from .events import log_event
 from .holder import _RendezvousStateHolder
 from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
+from .office import StewardOffice
 from .settings import RendezvousSettings
 from .state import RendezvousState, RoundOutcome
 from .status import RendezvousStatus, build_status
-from .steward import Steward
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +129,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._hint = node_rank
         self._board = RendezvousBoard(store, settings.run_id)
         self._tick = settings.keep_alive_interval.total_seconds()
-        self._steward: Steward | None = None
-        self._lease_seen = b""
-        self._lease_since = 0.0
-        self._lease_epoch = -1
-        self._posted_epoch = -1
+        self._office = StewardOffice(node, settings, self._board, store, holder)
         self._heartbeat_stop: threading.Event | None = None
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
@@ -252,7 +248,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # the outcome of the round this node waits for.
         # The round comes with the lease, read before posting: read after, it
         # could already be past the round this join completes.
-        round_ = self._watch_lease(now).round
+        round_ = self._office.watch(now).round
         if self._round is not None:
             # The steward moves the lease's hint only after publishing the
             # outcome: a node calling again at once could read the old hint,
@@ -260,16 +256,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # already holds while the others wait for a new one.
             round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
-        self._post_join(round_)
+        self._office.post(Join(node, self._hint, round_))
         while True:
             now = time.monotonic()
             if now >= deadline:
                 raise self._roll_back()
             if now >= next_beat:
                 board.beat(node)
-                self._watch_lease(now)
-                if self._posted_epoch != self._lease_epoch:
-                    self._post_join(round_)  # a new steward: what the old one took may be lost
+                self._office.watch(now, rejoin=Join(node, self._hint, round_))
                 next_beat = now + self._tick
             outcome = board.await_outcome(round_, min(next_beat, deadline) - now)
             if outcome is None:
@@ -330,7 +324,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            self._watch_lease(now)
+            self._office.watch(now)
             if self._watcher.await_stale(self._round, min(self._tick, max(deadline - now, 0))):
                 return True
             if time.monotonic() >= deadline:
@@ -404,7 +398,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._event(logging.WARNING, "shutdown_failed", f"shutdown could not close: {exc}")
             return False
         finally:
-            self._stop_steward()
+            self._office.stop()
             self._close_bootstrap_server()
             if self._watcher is not None:
                 self._watcher.store.close()
@@ -430,72 +424,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             duration=duration,
         )
 
-    # -- the steward lease ------------------------------------------------------
-    def _watch_lease(self, now: float) -> Lease:
-        """Read the lease; take it when vacant, ours without a thread, or frozen too long.
-
-        Returns the lease as it stands afterwards.
-        """
-        lease = self._board.read_lease()
-        self._lease_epoch = lease.epoch
-        mine = lease.holder == self._node.key
-        if lease.raw != self._lease_seen:
-            self._lease_seen, self._lease_since = lease.raw, now
-        bound = self._settings.liveness_bound.total_seconds()
-        if not lease.holder or (mine and not self._steward_running()):
-            return self._take_lease(lease, now)
-        if not mine and now - self._lease_since >= bound:
-            self._event(
-                logging.WARNING,
-                "steward_takeover",
-                f"steward {lease.holder} silent for {self._settings.liveness_bound}; "
-                f"{self._node} takes over",
-            )
-            return self._take_lease(lease, now)
-        return lease
-
-    def _take_lease(self, lease: Lease, now: float) -> Lease:
-        desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
-        if not self._board.swap_lease(lease.raw, desired):
-            # Another node was faster: it is the steward now.
-            winner = self._board.read_lease()
-            self._lease_epoch = winner.epoch
-            self._lease_seen, self._lease_since = winner.raw, now
-            return winner
-        self._stop_steward()
-        try:
-            store = self._store.clone()
-        except StoreError as exc:
-            raise self._board_error("opening the steward's connection", exc) from exc
-        steward = Steward(
-            self._node,
-            self._settings,
-            RendezvousBoard(store, self.get_run_id()),
-            self._holder.clone(),
-            desired,
-        )
-        steward.start()
-        self._steward = steward
-        self._lease_epoch = lease.epoch + 1
-        self._lease_seen, self._lease_since = desired, now
-        return Lease.parse(desired)
-
-    def _steward_running(self) -> bool:
-        return self._steward is not None and self._steward.running
-
-    def _stop_steward(self) -> None:
-        if self._steward is not None:
-            self._steward.stop(waker=self._board)
-            self._steward = None
-
     def _board_error(self, what: str, exc: BaseException) -> RendezvousError:
         return RendezvousConnectionError(f"rendezvous {self.get_run_id()!r}: {what}: {exc}")
 
     # -- joining and giving up --------------------------------------------------------
-    def _post_join(self, round_: int) -> None:
-        self._board.post(Join(self._node, self._hint, round_))
-        self._posted_epoch = self._lease_epoch
-
     def _closed_error(self) -> RendezvousError:
         """Spares leave gracefully when the rendezvous closes; everyone else is refused."""
         state, _ = self._holder.load()
@@ -519,7 +451,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 f"no steward confirmed that {self._node} left; it will be dropped "
                 "when its heartbeats stop",
             )
-        self._stop_steward()
+        self._office.stop()
         timeout = self._settings.timeout.join
         self._event(logging.WARNING, "join_timeout", f"{self._node} gave up after the join timeout")
         if 0 < gathered < self._settings.min_nodes:
@@ -582,7 +514,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     raise self._board_error("reading the bootstrap store's address", exc) from exc
             now = time.monotonic()
             self._board.beat(self._node)
-            self._watch_lease(now)
+            self._office.watch(now)
             if self._board.is_stale(round_) and not round_store.check(keys):
                 return None
             if now >= deadline:
