@@ -528,7 +528,9 @@ class TCPStore(Store):
         session = self._session
         sock = self._sock
         assert sock is not None
-        if not session.buffered:  # as a rule: nothing to read before the reply comes
+        # As a rule nothing is buffered before the reply comes: receive first
+        # (unless the reply may be empty: a MULTI_GET of no keys).
+        if reply.min_size and not session.buffered:
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")

@@ -173,6 +173,7 @@ class RequestParser:
         while index < count:
             kind = layout[index]
             if kind is _KEY or kind is _VALUE:
+                # As in _read_group, inlined: one call less per field on every request.
                 if pos + 8 > end:
                     break
                 size: int = _unpack_u64(buf, pos)[0]
