@@ -525,21 +525,14 @@ class TCPStore(Store):
 
     def _receive(self, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
-        session = self._session
+        replies = self._session.replies
         sock = self._sock
         assert sock is not None
-        # As a rule nothing is buffered before the reply comes: receive first
-        # (unless the reply may be empty: a MULTI_GET of no keys).
-        if reply.min_size and not session.buffered:
+        while isinstance(value := replies.read(reply, count), Incomplete):
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
-            session.receive(data)
-        while isinstance(value := session.read(reply, count), Incomplete):
-            data = sock.recv(_RECV_SIZE)
-            if not data:
-                raise ConnectionResetError("the store closed the connection")
-            session.receive(data)
+            replies.feed(data)
         return value
 
     def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:

@@ -75,9 +75,10 @@ class ClientSession:
         return self._replies.read(reply, count)
 
     @property
-    def buffered(self) -> int:
-        """Bytes received and not yet read as a reply."""
-        return self._replies.buffered
+    def replies(self) -> ReplyBuffer:
+        """The received bytes, which :meth:`read` and :meth:`receive` go to: the
+        I/O layer's hot path uses it directly, a call less each way."""
+        return self._replies
 
     # -- the handshake and authentication ----------------------------------------------
     def hello(self) -> bytes:

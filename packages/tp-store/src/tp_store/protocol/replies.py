@@ -432,7 +432,10 @@ class ReplyBuffer:
         # One-integer replies (ADD, counts) are many clients' hot path: no reader.
         if reply is NUMBER_REPLY and len(buf) >= 8:
             value: _T = I64.unpack_from(buf)[0]
-            self._consume(8)
+            if len(buf) == 8:
+                self._buf = b""
+            else:
+                self._consume(8)
             return value
         reader = ReplyReader(buf, self._limits)
         try:
