@@ -16,7 +16,6 @@ from datetime import timedelta
 
 from tp_rdzv_api import (
     RendezvousClosedError,
-    RendezvousConnectionError,
     RendezvousError,
     RendezvousGracefulExitError,
     RendezvousHandler,
@@ -24,7 +23,7 @@ from tp_rdzv_api import (
     RendezvousStateError,
     RendezvousTimeout,
 )
-from tp_store import PrefixStore, Store, StoreError
+from tp_store import PrefixStore, Store
 
 from .arguments import check_arguments
 from .backend import RendezvousBackend
@@ -101,7 +100,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._hint = args.node_rank
         self._board = RendezvousBoard(args.store, args.settings.run_id)
         self._tick = args.settings.keep_alive_interval.total_seconds()
-        self._office = StewardOffice(args.node, args.settings, self._board, args.store, args.holder)
+        self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
         self._heartbeats = Heartbeats(self._board, args.node, self._tick)
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
@@ -283,13 +282,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return True
         if self._watcher is None:
-            try:
-                store = self._store.clone()
-            except StoreError as exc:
-                raise RendezvousConnectionError(
-                    f"rendezvous {self.get_run_id()!r}: opening a watch connection: {exc}"
-                ) from exc
-            self._watcher = RendezvousBoard(store, self.get_run_id())
+            self._watcher = self._board.clone("a watch connection")
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
