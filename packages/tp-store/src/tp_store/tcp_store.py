@@ -623,13 +623,13 @@ class TCPStore(Store):
     def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` for it: one round trip on our server."""
         user_key = _user_key(key)
+        seconds = self._deadline_seconds(timeout)
         if self._session.extended:
             frame = WaitGet.frame((user_key,))
-            _, values = self._blocking(
-                frame, WaitGet.reply, 1, self._deadline_seconds(timeout), [key]
-            )
+            _, values = self._blocking(frame, WaitGet.reply, 1, seconds, [key])
             return self._fetched(values)[0]
-        self.wait([key], timeout)
+        # A PyTorch server: WAIT, then GET (as PyTorch's client does).
+        self._blocking(Wait.frame((user_key,)), Wait.reply, 0, seconds, [key])
         return self._request(Get.frame(user_key), Get.reply)
 
     def _fetched(self, values: list[bytes] | None) -> list[bytes]:

@@ -244,6 +244,8 @@ class Wait(Message):
     @staticmethod
     def frame(keys: Sequence[bytes]) -> bytes:
         """``Wait(keys).encode()``, without building the request."""
+        if len(keys) == 1:  # a PyTorch server's get
+            return b"".join((_WAIT, _ONE, U64.pack(len(keys[0])), keys[0]))
         return _WAIT + _keys_field(keys)
 
 
