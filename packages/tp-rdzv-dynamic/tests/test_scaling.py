@@ -101,8 +101,8 @@ def run_round(size: int) -> tuple[list[Counter[str]], list[Counter[str]], int, f
     steward_calls = [Counter(store.calls) for store in clones]
     state_writes = sum(s.cas_keys["tp_rdzv/scaling/state"] for s in [*stores, *clones])
     for handler in handlers:
-        handler._stop_steward()
-        handler._stop_heartbeats()
+        handler._office.stop()
+        handler._heartbeats.stop()
     master.close()
     return node_calls, steward_calls, state_writes, elapsed
 
