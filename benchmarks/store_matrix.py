@@ -344,6 +344,7 @@ class Cell:
             "client": self.client,
             "server": self.server,
             "rate": median(self.rates),
+            "best_rate": max(self.rates) if self.rates else None,
             "server_cpu_us": _micro(median(self.server_cpu)),
             "client_cpu_us": _micro(median(self.client_cpu)),
             "rates": [round(rate, 1) for rate in self.rates],
@@ -508,8 +509,9 @@ class MatrixView:
 def matrix_table(result: dict[str, Any], value: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the matrix: a row per workload, a column per client → server.
 
-    ``value`` is ``"rate"`` (calls per second), ``"server_cpu_us"`` or ``"client_cpu_us"``
-    (CPU microseconds per call); each cell also shows its ratio to torch → torch.
+    ``value`` is ``"rate"`` (calls per second, the median), ``"best_rate"`` (the best
+    repetition's), ``"server_cpu_us"`` or ``"client_cpu_us"`` (CPU microseconds per call,
+    medians); each cell also shows its ratio to torch → torch.
     """
     view = MatrixView(result)
     header = ["workload", *(view.label(pair) for pair in view.pairs)]
@@ -530,7 +532,7 @@ def matrix_table(result: dict[str, Any], value: str) -> tuple[list[str], list[li
 def _quantity(measured: float | None, value: str) -> str:
     if measured is None:
         return "-"
-    if value != "rate":
+    if not value.endswith("rate"):
         return f"{measured:.1f} us"
     return f"{measured / 1000:.1f}k/s" if measured >= 1000 else f"{measured:.0f}/s"
 
@@ -540,6 +542,7 @@ def format_matrix(result: dict[str, Any]) -> str:
     parts = []
     for value, title in (
         ("rate", "calls per second (median)"),
+        ("best_rate", "calls per second (best repetition)"),
         ("server_cpu_us", "server CPU per call"),
         ("client_cpu_us", "client CPU per call (all client processes)"),
     ):
