@@ -33,6 +33,11 @@ from store_matrix import ASYNCIO_MAIN, LISTENING, SOURCE, Lines
 WARM_UP = 300
 
 
+def control(command: str, pid: int) -> None:
+    """``callgrind_control COMMAND PID``, quietly."""
+    subprocess.run(["callgrind_control", command, str(pid)], check=True, capture_output=True)
+
+
 def count(path: Path, loop: str, call: str, calls: int, timeout: float) -> int:
     """User-space instructions of the server at ``path`` on ``loop`` per ``call``."""
     from torch.distributed import TCPStore as TorchStore  # type: ignore[attr-defined]
@@ -69,10 +74,10 @@ def count(path: Path, loop: str, call: str, calls: int, timeout: float) -> int:
             work = (lambda: client.add("n", 1)) if call == "add" else (lambda: client.get("k"))
             for _ in range(WARM_UP):
                 work()
-            subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True)
+            control("--zero", server.pid)
             for _ in range(calls):
                 work()
-            subprocess.run(["callgrind_control", "--dump", str(server.pid)], check=True)
+            control("--dump", server.pid)
         finally:
             server.terminate()
             server.wait()
