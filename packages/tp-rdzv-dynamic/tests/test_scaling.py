@@ -102,7 +102,7 @@ def run_round(size: int) -> tuple[list[Counter[str]], list[Counter[str]], int, f
     state_writes = sum(s.cas_keys["tp_rdzv/scaling/state"] for s in [*stores, *clones])
     for handler in handlers:
         handler._office.stop()
-        handler._heartbeats.stop()
+        handler._stop_heartbeats()
     master.close()
     return node_calls, steward_calls, state_writes, elapsed
 

@@ -51,6 +51,11 @@ class RendezvousBoard:
         with self._store_errors(what):
             return operation()
 
+    def clone(self, what: str) -> RendezvousBoard:
+        """A board on a new connection of its own to the same store, for ``what``."""
+        with self._store_errors(f"opening {what}"):
+            return RendezvousBoard(self.store.clone(), self.run_id)
+
     # -- what every node does -------------------------------------------------
     def beat(self, node: _NodeDesc) -> None:
         """One heartbeat of ``node``."""

@@ -11,37 +11,33 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from datetime import timedelta
 
 from tp_rdzv_api import (
-    RendezvousClosedError,
-    RendezvousConnectionError,
     RendezvousError,
-    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousStateError,
     RendezvousTimeout,
 )
-from tp_store import PrefixStore, Store, StoreError
+from tp_store import PrefixStore, Store
 
 from .arguments import check_arguments
 from .backend import RendezvousBackend
 from .board import RendezvousBoard
 from .bootstrap import BootstrapServer, await_bootstrap_info
-from .closing import close_run
+from .closing import close_run, closed_error
 from .decisions import Join
-from .documents import decode_liveness
 from .events import log_event
-from .heartbeats import Heartbeats
 from .holder import _RendezvousStateHolder
 from .node import _NodeDesc, _NodeDescGenerator
 from .office import StewardOffice
 from .rollback import roll_back_join
 from .settings import RendezvousSettings
-from .state import RendezvousState, RoundOutcome
-from .status import RendezvousStatus, build_status
+from .state import RoundOutcome
+from .status import RendezvousStatus, observe_run
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +97,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._hint = args.node_rank
         self._board = RendezvousBoard(args.store, args.settings.run_id)
         self._tick = args.settings.keep_alive_interval.total_seconds()
-        self._office = StewardOffice(args.node, args.settings, self._board, args.store, args.holder)
-        self._heartbeats = Heartbeats(self._board, args.node, self._tick)
+        self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
+        self._heartbeat_stop: threading.Event | None = None
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
@@ -194,7 +190,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousStateError: the stored state is corrupt.
         """
         while True:
-            self._heartbeats.stop()
+            self._stop_heartbeats()
             # The agent stopped the workers of the last round before asking again.
             self._bootstrap.close()
             started = time.monotonic()
@@ -208,7 +204,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     f"{self._node} has rank {rank} of {info.world_size} in round {outcome.round}",
                     duration=time.monotonic() - started,
                 )
-                self._heartbeats.start(outcome.round)
+                self._start_heartbeats()
                 return info
             # Its rank 0 died before publishing the workers' bootstrap store: no
             # node returned that round, and this one joins the next.
@@ -257,7 +253,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if outcome.error is not None:
                 raise RendezvousStateError(outcome.error)
             if outcome.closed:
-                raise self._closed_error()
+                raise closed_error(node, self.get_run_id(), self._holder)
             rank = outcome.ranks.get(node)
             if rank is not None:
                 return outcome, rank
@@ -283,13 +279,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return True
         if self._watcher is None:
-            try:
-                store = self._store.clone()
-            except StoreError as exc:
-                raise RendezvousConnectionError(
-                    f"rendezvous {self.get_run_id()!r}: opening a watch connection: {exc}"
-                ) from exc
-            self._watcher = RendezvousBoard(store, self.get_run_id())
+            self._watcher = self._board.clone("a watch connection")
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
@@ -305,18 +295,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Read-only: it neither joins nor creates keys. A run with nothing stored
         reads as round 0 with no nodes, and ``exists`` false.
         """
-        state = self._holder.observe()
-        lease, liveness = self._board.observe()
-        ages = {} if liveness is None else decode_liveness(liveness, "the liveness key")
-        exists = state is not None or lease is not None
-        return build_status(
-            self.get_run_id(),
-            self._backend_name,
-            state or RendezvousState(),
-            lease,
-            ages,
-            exists=exists,
-        )
+        return observe_run(self._backend_name, self._holder, self._board)
 
     def set_closed(self) -> None:
         """Mark the rendezvous closed; new joiners are rejected.
@@ -334,7 +313,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Closes the rendezvous (as PyTorch does), stops the heartbeats and hands
         the steward lease back if this node holds it.
         """
-        self._heartbeats.stop()
+        self._stop_heartbeats()
         try:
             self.set_closed()
         except RendezvousError as exc:
@@ -367,15 +346,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             duration=duration,
         )
 
-    def _closed_error(self) -> RendezvousError:
-        """Spares leave gracefully when the rendezvous closes; everyone else is refused."""
-        state, _ = self._holder.load()
-        if self._node in state.redundancy_list:
-            return RendezvousGracefulExitError(
-                f"the rendezvous {self.get_run_id()!r} closed while {self._node} was a spare"
-            )
-        return RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
-
     # -- after a round ----------------------------------------------------------------
     def _round_info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo | None:
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died before publishing."""
@@ -407,3 +377,26 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Heartbeat and watch the lease, as while joining."""
         self._board.beat(self._node)
         self._office.watch(now)
+
+    def _start_heartbeats(self) -> None:
+        stop = threading.Event()
+        self._heartbeat_stop = stop
+        thread = threading.Thread(
+            target=self._beat_until,
+            args=(stop,),
+            name=f"tp-rdzv-heartbeat-{self._node}",
+            daemon=True,
+        )
+        thread.start()
+
+    def _beat_until(self, stop: threading.Event) -> None:
+        while not stop.wait(self._tick):
+            try:
+                self._board.beat(self._node)
+            except RendezvousError as exc:
+                self._event(logging.WARNING, "heartbeat_failed", f"heartbeat failed: {exc}")
+
+    def _stop_heartbeats(self) -> None:
+        if self._heartbeat_stop is not None:
+            self._heartbeat_stop.set()
+            self._heartbeat_stop = None

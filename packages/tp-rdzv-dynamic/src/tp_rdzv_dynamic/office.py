@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from tp_rdzv_api import RendezvousConnectionError
-from tp_store import Store, StoreError
-
 from .board import RendezvousBoard
 from .decisions import Join
 from .documents import Lease
@@ -84,8 +81,7 @@ class StewardOffice:
     Args:
         node: this node.
         settings: the run's settings.
-        board: the node's board (the steward gets a connection of its own).
-        store: the store the steward's connection is cloned from.
+        board: the node's board (the steward gets a clone: a connection of its own).
         holder: the state holder the steward's is cloned from.
     """
 
@@ -94,13 +90,11 @@ class StewardOffice:
         node: _NodeDesc,
         settings: RendezvousSettings,
         board: RendezvousBoard,
-        store: Store,
         holder: _RendezvousStateHolder,
     ) -> None:
         self._node = node
         self._settings = settings
         self._board = board
-        self._store = store
         self._holder = holder
         self._bound = settings.liveness_bound.total_seconds()
         self._steward: Steward | None = None
@@ -169,13 +163,7 @@ class StewardOffice:
             self._note(winner, now)
             return winner
         self.stop()
-        try:
-            store = self._store.clone()
-        except StoreError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {self._board.run_id!r}: opening the steward's connection: {exc}"
-            ) from exc
-        board = RendezvousBoard(store, self._board.run_id)
+        board = self._board.clone("the steward's connection")
         tenure = Tenure(board, self._node.key, desired)
         steward = Steward(self._node, self._settings, board, self._holder.clone(), tenure)
         steward.start()
