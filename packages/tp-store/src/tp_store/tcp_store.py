@@ -301,6 +301,7 @@ class TCPStore(Store):
             self._start_server(multi_tenant, master_listen_fd)
         # Made once the port is known (a master's may have been picked).
         self._session = ClientSession(self._host, self._port, self._secret)
+        self._replies = self._session.replies  # one buffer for the session's life
         with self._lock:
             self._connect()
         if world_size is not None and wait_for_workers:
@@ -526,7 +527,7 @@ class TCPStore(Store):
 
     def _receive(self, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
-        replies = self._session.replies
+        replies = self._replies
         sock = self._sock
         assert sock is not None
         # Nothing buffered, as a rule: the reply is read at once, not looked for first.
@@ -537,8 +538,7 @@ class TCPStore(Store):
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
-            replies.feed(data)
-            value = replies.read(reply, count)
+            value = replies.received(data, reply, count)
         return value
 
     def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:
