@@ -530,9 +530,10 @@ class TCPStore(Store):
         replies = self._replies
         sock = self._sock
         assert sock is not None
-        # Nothing buffered, as a rule: the reply is read at once, not looked for first.
+        # Nothing buffered, as a rule: the reply is read at once, not looked for
+        # first; unless it may be empty (MULTI_GET of no keys on a PyTorch server).
         value: _T | Incomplete = INCOMPLETE
-        if replies.buffered:
+        if replies.buffered or not reply.min_size:
             value = replies.read(reply, count)
         while isinstance(value, Incomplete):
             data = sock.recv(_RECV_SIZE)
