@@ -279,3 +279,20 @@ def test_listen_backlog_is_the_one_configured(master: TCPStore) -> None:
     max_backlog = struct.unpack_from("<I", info, 28)[0]  # tcpi_sacked, for a listener
     with open("/proc/sys/net/core/somaxconn") as limit:
         assert max_backlog == min(DEFAULT_BACKLOG, int(limit.read()))
+
+
+def test_queue_pop_many_drains_thousands_in_a_few_sends(master: TCPStore) -> None:
+    client = TCPStore("127.0.0.1", master.port, timeout=10)
+    for index in range(2500):
+        client.queue_push("mailbox", str(index))
+    client.queue_push("other", "untouched")
+    before = client.server_stats()["ops"]["queue_pop"]
+    # Three sends of pipelined pops (1024, 1024, 952; the last finds the queue
+    # empty after 452): every value, in order, and the reply stream stays in
+    # step for the requests after it.
+    values = client.queue_pop_many("mailbox", 3000)
+    assert values == [str(index).encode() for index in range(2500)]
+    assert client.server_stats()["ops"]["queue_pop"] - before == 3000
+    assert client.queue_pop_many("mailbox", 10) == []
+    assert client.queue_len("other") == 1
+    client.close()
