@@ -621,6 +621,12 @@ class TCPStore(Store):
                 raise self._broken(exc, "a wait") from exc
             try:
                 answered = self._cancel_wait(sock)
+            except _TIMED_OUT as exc:
+                # No answer to the cancel within the store timeout (an overloaded
+                # or stopped server): the wait timed out, as asked. The replies
+                # are out of step now, so the next call reconnects.
+                self._disconnect()
+                raise timeout_error([as_bytes(key, "key") for key in keys], timeout) from exc
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "cancelling a wait") from exc
             if answered is not None:
