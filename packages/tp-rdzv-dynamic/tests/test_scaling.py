@@ -59,7 +59,7 @@ class CountingStore(Store):
 
 for _name in [
     *("set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys"),
-    *("append", "list_keys", "queue_push", "queue_pop", "queue_len"),
+    *("append", "list_keys", "queue_push", "queue_pop", "queue_pop_many", "queue_len"),
     *("wait_get", "multi_get", "multi_set"),
 ]:
     setattr(CountingStore, _name, _forward(_name))
