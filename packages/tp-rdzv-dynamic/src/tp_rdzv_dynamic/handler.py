@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import threading
 import time
 from datetime import timedelta
 
@@ -34,6 +33,7 @@ from .backend import RendezvousBackend
 from .board import RECEIPT_PREFIX, Lease, RendezvousBoard
 from .decisions import Join, Leave
 from .events import log_event
+from .heartbeats import HEARTBEATS
 from .holder import _RendezvousStateHolder
 from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
 from .settings import RendezvousSettings
@@ -133,7 +133,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._lease_since = 0.0
         self._lease_epoch = -1
         self._posted_epoch = -1
-        self._heartbeat_stop: threading.Event | None = None
+        self._heartbeat_ticket: int | None = None
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
         # Rank 0's server for the workers of its last round (see _host_bootstrap_store).
@@ -631,27 +631,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._bootstrap_server = None
 
     def _start_heartbeats(self) -> None:
-        stop = threading.Event()
-        self._heartbeat_stop = stop
-        thread = threading.Thread(
-            target=self._beat_until,
-            args=(stop,),
-            name=f"tp-rdzv-heartbeat-{self._node}",
-            daemon=True,
-        )
-        thread.start()
+        # The process's scheduler beats for this node until it joins again: no
+        # thread per round, and the beats of nodes that returned together spread.
+        self._heartbeat_ticket = HEARTBEATS.start(self._beat_once, self._tick)
 
-    def _beat_until(self, stop: threading.Event) -> None:
-        while not stop.wait(self._tick):
-            try:
-                self._board.beat(self._node)
-            except RendezvousError as exc:
-                self._event(logging.WARNING, "heartbeat_failed", f"heartbeat failed: {exc}")
+    def _beat_once(self) -> None:
+        try:
+            self._board.beat(self._node)
+        except RendezvousError as exc:
+            self._event(logging.WARNING, "heartbeat_failed", f"heartbeat failed: {exc}")
 
     def _stop_heartbeats(self) -> None:
-        if self._heartbeat_stop is not None:
-            self._heartbeat_stop.set()
-            self._heartbeat_stop = None
+        if self._heartbeat_ticket is not None:
+            HEARTBEATS.stop(self._heartbeat_ticket)
+            self._heartbeat_ticket = None
 
 
 def _check_settings(settings: object, run_id: object) -> RendezvousSettings:
