@@ -239,12 +239,11 @@ class RendezvousBoard:
         raw = self._call("reading the lease", lambda: self.store.compare_set(self._lease, "", ""))
         return Lease.parse(raw)
 
-    def swap_lease(self, seen: bytes, desired: bytes) -> bool:
-        """Replace the lease if it still holds ``seen``; whether it now holds ``desired``."""
-        held = self._call(
+    def swap_lease(self, seen: bytes, desired: bytes) -> bytes:
+        """Replace the lease if it still holds ``seen``; what it holds afterwards."""
+        return self._call(
             "taking the lease", lambda: self.store.compare_set(self._lease, seen, desired)
         )
-        return held == desired
 
     def await_receipt(self, receipt: str, timeout: float) -> bool:
         """Whether the steward confirmed ``receipt`` within ``timeout`` seconds."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import threading
 import time
 from datetime import timedelta
 
@@ -136,6 +137,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._heartbeat_ticket: int | None = None
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
+        self._ticker: RendezvousBoard | None = None  # the ticks' connection while waiting
+        # The round a waiting node asks for (None when not waiting), and with it
+        # the lease view and the steward: its ticks run on another thread.
+        self._joining: int | None = None
+        self._office = threading.Lock()
         # Rank 0's server for the workers of its last round (see _host_bootstrap_store).
         self._bootstrap_server: TCPStore | None = None
 
@@ -244,9 +250,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
         now = started = time.monotonic()
         deadline = now + self._settings.timeout.join.total_seconds()
         board.beat(node)
-        # Nodes started together would all tick together (time out, heartbeat,
-        # read the lease): a random phase spreads them out.
-        next_beat = now + self._tick * random.uniform(0.5, 1.0)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
         # The round comes with the lease, read before posting: read after, it
@@ -259,28 +262,35 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # already holds while the others wait for a new one.
             round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
-        self._post_join(round_)
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                raise self._roll_back()
-            if now >= next_beat:
-                board.beat(node)
-                self._watch_lease(now)
-                if self._posted_epoch != self._lease_epoch:
-                    self._post_join(round_)  # a new steward: what the old one took may be lost
-                next_beat = now + self._tick
-            outcome = board.await_outcome(round_, min(next_beat, deadline) - now)
-            if outcome is None:
-                continue
-            if outcome.error is not None:
-                raise RendezvousStateError(outcome.error)
-            if outcome.closed:
-                raise self._closed_error()
-            rank = outcome.ranks.get(node)
-            if rank is not None:
-                break
-            round_ = outcome.round + 1
+        self._post_join(board, round_)
+        self._joining = round_
+        # While this thread waits for the outcome, the process's scheduler
+        # ticks for it (see _tick_while_waiting); nodes started together would
+        # tick together: the first tick falls at a random point of the interval.
+        ticks = HEARTBEATS.start(
+            self._tick_while_waiting, self._tick, first=self._tick * random.uniform(0.5, 1.0)
+        )
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    self._stop_ticks(ticks)
+                    raise self._roll_back()
+                outcome = board.await_outcome(round_, deadline - now)
+                if outcome is None:
+                    continue
+                if outcome.error is not None:
+                    raise RendezvousStateError(outcome.error)
+                if outcome.closed:
+                    raise self._closed_error()
+                rank = outcome.ranks.get(node)
+                if rank is not None:
+                    break
+                round_ = outcome.round + 1
+                with self._office:
+                    self._joining = round_
+        finally:
+            self._stop_ticks(ticks)
         self._round = outcome.round
         info = self._info(outcome, rank)
         if info is None:
@@ -321,11 +331,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return True
         if self._watcher is None:
-            try:
-                store = self._store.clone()
-            except StoreError as exc:
-                raise self._board_error("opening a watch connection", exc) from exc
-            self._watcher = RendezvousBoard(store, self.get_run_id())
+            self._watcher = RendezvousBoard(self._clone_store("a watch"), self.get_run_id())
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
@@ -406,9 +412,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         finally:
             self._stop_steward()
             self._close_bootstrap_server()
-            if self._watcher is not None:
-                self._watcher.store.close()
-                self._watcher = None
+            for board in (self._watcher, self._ticker):
+                if board is not None:
+                    board.store.close()
+            self._watcher = self._ticker = None
         return True
 
     def _event(
@@ -430,20 +437,57 @@ class DynamicRendezvousHandler(RendezvousHandler):
             duration=duration,
         )
 
+    # -- while waiting for an outcome -------------------------------------------
+    def _tick_while_waiting(self) -> None:
+        """A waiting node's tick, on the scheduler's thread and a connection of its own.
+
+        A heartbeat, the lease (taken over if its steward went silent), and the
+        join posted again to a new steward: what the old one took may be lost.
+        The node's own thread stays parked on its outcome meanwhile.
+        """
+        try:
+            if self._ticker is None:
+                self._ticker = RendezvousBoard(self._clone_store("a tick"), self.get_run_id())
+            board = self._ticker
+            board.beat(self._node)
+            with self._office:
+                if self._joining is None:
+                    return  # the node has its outcome, or gave up
+                self._watch_lease(time.monotonic(), board)
+                if self._posted_epoch != self._lease_epoch:
+                    self._post_join(board, self._joining)
+        except RendezvousError as exc:
+            # The node's own wait meets the same store and fails, or times out.
+            self._event(logging.WARNING, "heartbeat_failed", f"a tick failed: {exc}")
+
+    def _stop_ticks(self, ticket: int) -> None:
+        """No more ticks for the waiting node; returns once one under way is done."""
+        HEARTBEATS.stop(ticket)
+        with self._office:
+            self._joining = None
+
+    def _clone_store(self, what: str) -> Store:
+        try:
+            return self._store.clone()
+        except StoreError as exc:
+            raise self._board_error(f"opening a connection for {what}", exc) from exc
+
     # -- the steward lease ------------------------------------------------------
-    def _watch_lease(self, now: float) -> Lease:
+    def _watch_lease(self, now: float, board: RendezvousBoard | None = None) -> Lease:
         """Read the lease; take it when vacant, ours without a thread, or frozen too long.
 
-        Returns the lease as it stands afterwards.
+        ``board``: the connection to use (the node's own by default). Returns
+        the lease as it stands afterwards.
         """
-        lease = self._board.read_lease()
+        board = board or self._board
+        lease = board.read_lease()
         self._lease_epoch = lease.epoch
         mine = lease.holder == self._node.key
         if lease.raw != self._lease_seen:
             self._lease_seen, self._lease_since = lease.raw, now
         bound = self._settings.liveness_bound.total_seconds()
         if not lease.holder or (mine and not self._steward_running()):
-            return self._take_lease(lease, now)
+            return self._take_lease(board, lease, now)
         if not mine and now - self._lease_since >= bound:
             self._event(
                 logging.WARNING,
@@ -451,22 +495,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 f"steward {lease.holder} silent for {self._settings.liveness_bound}; "
                 f"{self._node} takes over",
             )
-            return self._take_lease(lease, now)
+            return self._take_lease(board, lease, now)
         return lease
 
-    def _take_lease(self, lease: Lease, now: float) -> Lease:
+    def _take_lease(self, board: RendezvousBoard, lease: Lease, now: float) -> Lease:
         desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
-        if not self._board.swap_lease(lease.raw, desired):
+        held = board.swap_lease(lease.raw, desired)
+        if held != desired:
             # Another node was faster: it is the steward now.
-            winner = self._board.read_lease()
+            winner = Lease.parse(held)
             self._lease_epoch = winner.epoch
             self._lease_seen, self._lease_since = winner.raw, now
             return winner
-        self._stop_steward()
-        try:
-            store = self._store.clone()
-        except StoreError as exc:
-            raise self._board_error("opening the steward's connection", exc) from exc
+        self._stop_steward(board)
+        store = self._clone_store("the steward")
         steward = Steward(
             self._node,
             self._settings,
@@ -483,17 +525,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _steward_running(self) -> bool:
         return self._steward is not None and self._steward.running
 
-    def _stop_steward(self) -> None:
+    def _stop_steward(self, waker: RendezvousBoard | None = None) -> None:
+        """Stop this node's steward; ``waker``: a board whose connection is free."""
         if self._steward is not None:
-            self._steward.stop(waker=self._board)
+            self._steward.stop(waker=waker or self._board)
             self._steward = None
 
     def _board_error(self, what: str, exc: BaseException) -> RendezvousError:
         return RendezvousConnectionError(f"rendezvous {self.get_run_id()!r}: {what}: {exc}")
 
     # -- joining and giving up --------------------------------------------------------
-    def _post_join(self, round_: int) -> None:
-        self._board.post(Join(self._node, self._hint, round_))
+    def _post_join(self, board: RendezvousBoard, round_: int) -> None:
+        board.post(Join(self._node, self._hint, round_))
         self._posted_epoch = self._lease_epoch
 
     def _closed_error(self) -> RendezvousError:

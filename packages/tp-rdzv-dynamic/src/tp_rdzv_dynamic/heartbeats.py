@@ -1,11 +1,14 @@
-"""Heartbeats between rounds: one thread per process beats for every handler in it.
+"""Heartbeats: one thread per process ticks for every handler in it.
 
-A node that returned from a round heartbeats until it joins again. A thread per
-node and per round would start thousands of threads at the end of every round
-of a process that simulates thousands of nodes, and those threads, started
-together, would tick together: every interval a herd of heartbeats. Here one
-daemon thread keeps a schedule; each handler's first beat falls at a random
-point of its interval, so beats stay spread however many nodes returned at once.
+A node heartbeats while it waits for a round (and then also watches the steward
+lease) and after it returned from one. A node's own thread doing that would
+wake, cancel its wait for the outcome and wait again at every tick; a thread
+per node and per round would start thousands of threads at the end of every
+round of a process that simulates thousands of nodes; and threads started
+together tick together: every interval a herd. Here one daemon thread keeps a
+schedule; each handler's first tick falls at a random point of its interval, so
+ticks stay spread however many nodes started or returned at once, and a
+waiting node's thread stays parked on its outcome.
 """
 
 from __future__ import annotations
@@ -40,12 +43,17 @@ class HeartbeatScheduler:
         self._tickets = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def start(self, beat: Callable[[], None], interval: float) -> int:
-        """Call ``beat`` every ``interval`` seconds from a random phase; returns the ticket."""
+    def start(self, beat: Callable[[], None], interval: float, first: float | None = None) -> int:
+        """Call ``beat`` every ``interval`` seconds; returns the ticket for :meth:`stop`.
+
+        The first call comes after ``first`` seconds, by default at a random
+        point of the first interval.
+        """
+        delay = interval * random.random() if first is None else first
         with self._changed:
             ticket = next(self._tickets)
             self._beats[ticket] = (beat, interval)
-            heapq.heappush(self._due, (time.monotonic() + interval * random.random(), ticket))
+            heapq.heappush(self._due, (time.monotonic() + delay, ticket))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="tp-rdzv-heartbeats", daemon=True

@@ -335,7 +335,7 @@ class Steward:
 
     def _swap_lease(self, epoch: int, beat: int) -> None:
         desired = Lease.encode(epoch, self.node.key, beat, self._round_hint())
-        if not self.board.swap_lease(self._lease, desired):
+        if self.board.swap_lease(self._lease, desired) != desired:
             raise LeaseLost
         self._lease, self.epoch, self._beat = desired, epoch, beat
 
@@ -359,5 +359,5 @@ class Steward:
 
     def _resign(self) -> None:
         vacant = Lease.encode(self.epoch, "", self._beat + 1, self._round_hint())
-        if self.board.swap_lease(self._lease, vacant):
+        if self.board.swap_lease(self._lease, vacant) == vacant:
             self._lease = vacant
