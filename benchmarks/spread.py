@@ -304,7 +304,19 @@ class _Group:
             return []
         self.profile.mkdir(parents=True, exist_ok=True)
         output = str(self.profile / f"{name}.txt")
-        return ["py-spy", "record", "--format", "raw", "--gil", "--threads", "-o", output, "--"]
+        return [
+            "py-spy",
+            "record",
+            "-r",
+            "25",
+            "--format",
+            "raw",
+            "--gil",
+            "--threads",
+            "-o",
+            output,
+            "--",
+        ]
 
     def _profile_server(self) -> subprocess.Popen[bytes]:
         command = [*self._profiled("server")[:-1], "--pid", str(self.server.proc.pid)]
