@@ -67,8 +67,8 @@ from typing import Any
 
 from dynamic_node import NodeProcess
 
+from tp_rdzv_dynamic.documents import decode_outcome
 from tp_rdzv_dynamic.events import participants_digest
-from tp_rdzv_dynamic.state import decode_outcome
 from tp_store import StoreError, TCPStore
 
 PHASES = ("joining", "last_call", "complete", "heartbeat", "closing")

@@ -72,5 +72,5 @@ def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandl
 
     yield make
     for handler in handlers:
-        handler._stop_steward()
-        handler._stop_heartbeats()
+        handler._office.stop()
+        handler._heartbeats.stop()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tp_rdzv_dynamic.decisions import Join, Leave, apply, assign_ranks, needs_last_call
+from tp_rdzv_dynamic.decisions import Close, Join, Leave, apply, assign_ranks, needs_last_call
 from tp_rdzv_dynamic.node import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
 from tp_rdzv_dynamic.state import RendezvousState
@@ -252,12 +252,42 @@ def test_completion_publishes_the_outcome_of_that_moment():
     # Round 0 completes at max, then its only participants die in the same batch.
     transition = apply(open_round(A), [Join(B), Leave(A), Leave(B)], settings(1, 2))
     assert transition.completed == (0,)
-    round_, document = transition.outcomes[0]
-    outcome = json.loads(document)
-    assert round_ == 0
-    assert outcome["participants"] == [["host1", 1, 0], ["host2", 1, 0]]
+    (outcome,) = transition.outcomes
+    assert outcome.round == 0
+    assert outcome.participants == (A, B)
+    assert outcome.ranks == {A: 0, B: 1}
     assert transition.state.round == 1
     assert transition.opened == (1,)
+
+
+@pytest.mark.parametrize(
+    ("start", "told"),
+    [
+        (open_round(A, round_=2), (2, 3)),  # the nodes gathering for round 2
+        (complete_round(A, B, round_=2), (3, 4)),  # the next joiners, of round 3
+    ],
+)
+def test_closing_tells_the_nodes_waiting_for_a_round(start, told):
+    transition = apply(start, [Close()], settings(1, 3))
+    assert transition.state.closed
+    assert [(o.round, o.closed) for o in transition.outcomes] == [(r, True) for r in told]
+    assert transition.completed == ()
+    assert not start.closed  # the state given is not modified
+
+
+def test_after_closing_nobody_joins_and_no_round_completes():
+    transition = apply(open_round(A), [Close(), Join(B), Join(C)], settings(1, 2))
+    assert list(transition.state.participants) == [A]
+    assert transition.completed == ()
+    assert not needs_last_call(transition.state, settings(1, 2))
+
+
+def test_closing_a_closed_rendezvous_tells_the_waiting_nodes_again():
+    # The node that recorded the closing may have died before publishing it.
+    closed = apply(open_round(A), [Close()], settings(1, 3)).state
+    again = apply(closed, [Close()], settings(1, 3))
+    assert again.state == closed
+    assert [o.round for o in again.outcomes] == [0, 1]
 
 
 @pytest.mark.parametrize(

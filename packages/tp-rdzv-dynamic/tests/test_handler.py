@@ -25,9 +25,8 @@ from tp_rdzv_dynamic import (
     _NodeDesc,
     _RendezvousStateHolder,
 )
-from tp_rdzv_dynamic.board import encode_message
 from tp_rdzv_dynamic.decisions import Join
-from tp_rdzv_dynamic.state import decode_state
+from tp_rdzv_dynamic.documents import decode_state, encode_message
 from tp_store import PrefixStore, StoreError, TCPStore
 
 
@@ -145,7 +144,7 @@ def test_closing_wakes_waiters_and_rejects_joiners(make_node):
     a, b = make_node(3, 3), make_node(3, 3)
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(a.next_rendezvous)
-        wait_until(a._steward_running)  # a has joined: it leads the empty run
+        wait_until(lambda: a._office.running)  # a has joined: it leads the empty run
         b.set_closed()
         with pytest.raises(RendezvousClosedError):
             waiting.result(timeout=10)

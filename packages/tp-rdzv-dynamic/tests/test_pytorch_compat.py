@@ -26,6 +26,7 @@ from tp_rdzv_api import (
     create_handler,
 )
 from tp_rdzv_dynamic import DynamicRendezvousHandler, RendezvousBackend, Token
+from tp_rdzv_dynamic.layout import torch_state_key
 from tp_rdzv_dynamic.torch_c10d import TorchC10dRun
 from tp_rdzv_dynamic.torch_state import (
     TORCH_MODULE,
@@ -34,7 +35,6 @@ from tp_rdzv_dynamic.torch_state import (
     TorchRendezvousState,
     decode_torch_state,
     encode_torch_state,
-    torch_state_key,
 )
 from tp_store import TCPStore
 
@@ -127,8 +127,8 @@ def test_status_of_a_running_job_writes_nothing(server: TCPStore, backend: str) 
     node = _observer(backend, server.port, RUN)
     node.next_rendezvous()
     try:
-        node._stop_heartbeats()  # nothing else may write while the keys are compared
-        node._stop_steward()
+        node._heartbeats.stop()  # nothing else may write while the keys are compared
+        node._office.stop()
         before = {key: server.get(key) for key in server.list_keys()}
         status = _observer(backend, server.port, RUN).status()
         assert status.exists

@@ -109,8 +109,8 @@ def run_round(size: int) -> Round:
     steward_calls = [Counter(store.calls) for store in clones]
     state_writes = sum(s.cas_keys["tp_rdzv/scaling/state"] for s in [*stores, *clones])
     for handler in handlers:
-        handler._stop_steward()
-        handler._stop_heartbeats()
+        handler._office.stop()
+        handler._heartbeats.stop()
     master.close()
     return Round(node_calls, steward_calls, state_writes, elapsed, requests)
 

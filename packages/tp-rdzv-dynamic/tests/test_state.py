@@ -10,16 +10,10 @@ import zlib
 import pytest
 
 from tp_rdzv_api import RendezvousStateError
-from tp_rdzv_dynamic.documents import MAX_DOCUMENT_BYTES
+from tp_rdzv_dynamic.bounded_json import MAX_DOCUMENT_BYTES
+from tp_rdzv_dynamic.documents import decode_outcome, decode_state, encode_outcome, encode_state
 from tp_rdzv_dynamic.node import _NodeDesc
-from tp_rdzv_dynamic.state import (
-    RendezvousState,
-    decode_outcome,
-    decode_state,
-    encode_closed_outcome,
-    encode_outcome,
-    encode_state,
-)
+from tp_rdzv_dynamic.state import RendezvousState, RoundOutcome
 
 A = _NodeDesc("node-a", 10, 0)
 B = _NodeDesc("node-b", 11, 1)
@@ -94,7 +88,7 @@ def test_corrupt_state_names_the_key(raw, complaint):
 
 
 def test_outcome_lists_participants_in_rank_order():
-    outcome = decode_outcome(encode_outcome(sample()), "key 'result/3'")
+    outcome = decode_outcome(encode_outcome(sample().outcome()), "key 'result/3'")
     assert outcome.round == 3
     assert not outcome.closed
     assert outcome.participants == (B, A)
@@ -102,11 +96,31 @@ def test_outcome_lists_participants_in_rank_order():
     assert outcome.wait_list == (C,)
 
 
+def test_an_outcome_reads_back_as_the_value_it_was_encoded_from():
+    state = sample()
+    state.redundancy_list = {_NodeDesc("spare-2", 1, 0): None, _NodeDesc("spare-1", 1, 0): None}
+    outcome = state.outcome()
+    decoded = decode_outcome(encode_outcome(outcome), "key 'result/3'")
+    assert decoded == outcome
+    assert decoded.redundancy_list == outcome.redundancy_list  # in the state's order
+    assert encode_outcome(decoded) == encode_outcome(outcome)
+
+
 def test_closed_outcome():
-    outcome = decode_outcome(encode_closed_outcome(4), "key 'result/4'")
+    raw = encode_outcome(RoundOutcome(4, closed=True))
+    # The wire format other versions read: a closed round names no one.
+    expected = {"format": "tp-rdzv-round", "schema": 1, "round": 4, "status": "closed"}
+    assert json.loads(raw) == expected
+    outcome = decode_outcome(raw, "key 'result/4'")
     assert outcome.closed
     assert outcome.round == 4
     assert outcome.participants == ()
+
+
+def test_failed_outcome_names_the_error():
+    raw = encode_outcome(RoundOutcome(5, closed=False, error="the state is corrupt"))
+    outcome = decode_outcome(raw, "key 'result/5'")
+    assert (outcome.round, outcome.closed, outcome.error) == (5, False, "the state is corrupt")
 
 
 @pytest.mark.parametrize(
@@ -156,7 +170,7 @@ def test_large_outcomes_travel_compressed():
     state = RendezvousState(
         complete=True, participants={n: rank for rank, n in enumerate(nodes)}, last_order=nodes
     )
-    raw = encode_outcome(state)
+    raw = encode_outcome(state.outcome())
     plain = json.dumps(json.loads(zlib.decompress(raw))).encode()
     assert len(raw) < len(plain) / 5
     assert decode_outcome(raw, "key 'result/0'").participants == tuple(nodes)
@@ -176,7 +190,8 @@ def test_a_compression_bomb_is_refused_after_inflating_no_more_than_the_bound():
 
 
 def test_a_truncated_compressed_outcome_is_refused():
-    raw = encode_outcome(RendezvousState(complete=True, participants={A: 0}, last_order=[A]))
+    state = RendezvousState(complete=True, participants={A: 0}, last_order=[A])
+    raw = encode_outcome(state.outcome())
     packed = zlib.compress(raw + b" " * 5000)
     with pytest.raises(RendezvousStateError, match="truncated"):
         decode_outcome(packed[: len(packed) // 2], "key 'result/9'")

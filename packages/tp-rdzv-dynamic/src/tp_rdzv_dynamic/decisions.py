@@ -2,8 +2,8 @@
 
 No I/O and no clocks here: the executor (:mod:`.steward`) reads the mailbox,
 samples heartbeats and runs the last-call timer, then asks :func:`apply` what
-the state becomes. Everything is linear in the batch, except completing a round
-(a sort of its participants).
+the state becomes; ``set_closed`` asks it what closing does. Everything is
+linear in the batch, except completing a round (a sort of its participants).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .node import _NodeDesc, natural_key
 from .settings import RendezvousSettings
-from .state import RendezvousState, encode_outcome
+from .state import RendezvousState, RoundOutcome
 
 
 @dataclass(frozen=True)
@@ -39,26 +39,33 @@ class Leave:
     node: _NodeDesc
 
 
-Event = Join | Leave
+@dataclass(frozen=True)
+class Close:
+    """The rendezvous closes: no round completes any more, and its waiting nodes are told."""
+
+
+#: What a node posts to the mailbox.
+Message = Join | Leave
+Event = Join | Leave | Close
 
 
 @dataclass(frozen=True)
 class Transition:
-    """What a batch did: the new state, and the outcome of each round it completed.
+    """What a batch did: the new state, and the outcomes to publish.
 
-    ``outcomes`` holds ``(round, document)`` pairs, the document encoded when
-    the round completed (a later event of the batch may already have opened
-    the next round).
+    ``outcomes`` holds the outcome of each round the batch completed, taken
+    when it completed (a later event of the batch may already have opened the
+    next round), or closed.
     """
 
     state: RendezvousState
-    outcomes: tuple[tuple[int, bytes], ...] = ()
+    outcomes: tuple[RoundOutcome, ...] = ()
     opened: tuple[int, ...] = ()
 
     @property
     def completed(self) -> tuple[int, ...]:
         """The rounds this batch completed."""
-        return tuple(round_ for round_, _ in self.outcomes)
+        return tuple(outcome.round for outcome in self.outcomes if not outcome.closed)
 
 
 def needs_last_call(state: RendezvousState, settings: RendezvousSettings) -> bool:
@@ -85,8 +92,10 @@ def apply(
     for event in events:
         if isinstance(event, Join):
             batch.join(event.node, event.hint, event.round)
-        else:
+        elif isinstance(event, Leave):
             batch.leave(event.node)
+        else:
+            batch.close()
     if last_call_expired and needs_last_call(batch.state, settings):
         batch.complete_round()
     return Transition(batch.state, tuple(batch.outcomes), tuple(batch.opened))
@@ -98,7 +107,7 @@ class _Batch:
     def __init__(self, state: RendezvousState, settings: RendezvousSettings) -> None:
         self.state = state
         self.settings = settings
-        self.outcomes: list[tuple[int, bytes]] = []
+        self.outcomes: list[RoundOutcome] = []
         self.opened: list[int] = []
 
     def join(self, node: _NodeDesc, hint: int | None, round_: int) -> None:
@@ -133,6 +142,17 @@ class _Batch:
         state.redundancy_list.pop(node, None)
         if node in state.participants:
             self._remove_participant(node)
+
+    def close(self) -> None:
+        """Close, and tell whoever waits for the open round or the one after it.
+
+        Closing a closed rendezvous tells them again: a node that recorded
+        the closing may have died before publishing it.
+        """
+        state = self.state
+        state.closed = True
+        first = state.waiting_round
+        self.outcomes.extend(RoundOutcome(round_, closed=True) for round_ in (first, first + 1))
 
     def _remove_participant(self, node: _NodeDesc) -> None:
         state = self.state
@@ -173,7 +193,7 @@ class _Batch:
         state.participants = {node: rank for rank, node in enumerate(order)}
         state.complete = True
         state.last_order = order
-        self.outcomes.append((state.round, encode_outcome(state)))
+        self.outcomes.append(state.outcome())
 
 
 def assign_ranks(

@@ -1,105 +1,340 @@
-"""Reading the JSON documents nodes and the steward leave in the store, within bounds.
+"""Every document of a run, byte for byte: how each is written and strictly read.
 
-Anyone who can write to the store can put anything in the keys a rendezvous
-reads, so every document is bounded before it is parsed: in size, in inflated
-size when it is compressed (inflated step by step, never beyond the bound), and
-in nesting depth (checked without recursion: Python's parser would raise
-``RecursionError`` on 100,000 ``[``). A document over a bound, or not JSON, is a
-:class:`DocumentError`, which readers turn into
-:class:`~tp_rdzv_api.RendezvousStateError` or drop.
+The state (the backend's document), the round outcome (``result/<round>``),
+the mailbox message, the steward lease and the steward's liveness report.
+Nothing read from a store is ever unpickled: a writable store must not mean
+code execution on every node. Every document is read within bounds
+(:mod:`.bounded_json`); anything unexpected in the state, an outcome or a
+liveness report raises :class:`~tp_rdzv_api.RendezvousStateError` naming where
+it came from, while a bad message is a ``ValueError`` (the steward drops it)
+and a bad lease reads as vacant. Other versions of this package and the CLI
+read these documents: changing one is a change of the wire format.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import re
+import math
+import threading
 import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from tp_store.protocol import Limits
+from tp_rdzv_api import RendezvousStateError
 
-#: The most a document may hold, inflated or not: the most a default store
-#: holds in one value. The steward writes the state uncompressed, and every
-#: other document (outcome, liveness report) names fewer nodes than it does.
-MAX_DOCUMENT_BYTES = Limits().max_value_bytes
-#: The most a mailbox message or the lease may hold (one node's name and a few numbers).
-MAX_MESSAGE_BYTES = 64 << 10
-#: No document nests deeper: the state is an object of lists of node entries (lists).
-MAX_DEPTH = 3
-#: The first byte of every zlib stream (0x78); JSON documents start with ``{``.
-ZLIB_HEADER = b"x"
+from .bounded_json import MAX_MESSAGE_BYTES, DocumentError, load_document
+from .decisions import Join, Leave, Message
+from .layout import MAX_RECEIPT_LENGTH, RECEIPT_PREFIX
+from .node import _NodeDesc, node_from_fields
+from .state import RendezvousState, RoundOutcome
 
-# Escapes go first, then strings hold no backslash: both patterns match in
-# one pass without backtracking (one pattern for strings with escapes in them
-# takes quadratic time on '"' followed by many '\\"').
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
-_STRING = re.compile(rb'"[^"]*"')
-_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
-# An array or object holding no other (once all but brackets are gone): one
-# level of nesting, removed per pass.
-_INNERMOST = re.compile(rb"[\[{][\]}]")
-_INFLATE_STEP = 1 << 20
+STATE_FORMAT = "tp-rdzv-state"
+_COMPRESS_ABOVE = 4096
+OUTCOME_FORMAT = "tp-rdzv-round"
+SCHEMA = 1
+LIVENESS_FORMAT = "tp-rdzv-liveness"
+#: What wakes a steward blocked on the mailbox (it ignores the message).
+WAKE_MESSAGE = b'{"op":"wake"}'
 
 
-class DocumentError(ValueError):
-    """A document over a bound, or not JSON; the message says which (``"is not JSON..."``)."""
+def _node_fields(node: _NodeDesc) -> list[Any]:
+    return [node.addr, node.pid, node.local_id]
 
 
-def load_document(raw: bytes, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
-    """The JSON value in ``raw`` (inflated first if zlib-compressed).
+def encode_state(state: RendezvousState) -> bytes:
+    """The state as a JSON document."""
+    document = {
+        "format": STATE_FORMAT,
+        "schema": SCHEMA,
+        "round": state.round,
+        "complete": state.complete,
+        "closed": state.closed,
+        "epoch": state.epoch,
+        "participants": [[*_node_fields(n), rank] for n, rank in state.participants.items()],
+        "wait_list": [_node_fields(n) for n in state.wait_list],
+        "redundancy_list": [_node_fields(n) for n in state.redundancy_list],
+        "hints": [[*_node_fields(n), hint] for n, hint in state.hints.items()],
+        "last_order": [_node_fields(n) for n in state.last_order],
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
 
-    Raises :class:`DocumentError` when ``raw``, or what it inflates to, holds
-    more than ``max_bytes``, nests deeper than :data:`MAX_DEPTH`, or is not JSON.
+
+def encode_outcome(outcome: RoundOutcome) -> bytes:
+    """``outcome`` as published to the nodes: complete, closed, or why nobody could decide it.
+
+    Every node reads a complete one, so a large one is zlib-compressed JSON
+    (node names repeat a lot): a few KiB per node instead of ~30 bytes per
+    participant.
     """
-    if len(raw) > max_bytes:
-        raise DocumentError(f"holds {len(raw)} bytes, more than the {max_bytes} allowed")
-    if raw[:1] == ZLIB_HEADER:
-        raw = _inflate(raw, max_bytes)
-    problem = _nesting_problem(raw, MAX_DEPTH)
-    if problem is not None:
-        raise DocumentError(problem)
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise DocumentError(f"is not JSON ({exc})") from exc
+    document: dict[str, Any] = {"format": OUTCOME_FORMAT, "schema": SCHEMA, "round": outcome.round}
+    if outcome.closed:
+        document["status"] = "closed"
+    elif outcome.error is not None:
+        document.update(status="error", error=outcome.error)
+    else:
+        document.update(
+            status="complete",
+            participants=[_node_fields(n) for n in outcome.participants],
+            wait_list=[_node_fields(n) for n in outcome.wait_list],
+            redundancy_list=[_node_fields(n) for n in outcome.redundancy_list],
+        )
+    raw = json.dumps(document, separators=(",", ":")).encode()
+    if document["status"] == "complete" and len(raw) > _COMPRESS_ABOVE:
+        return zlib.compress(raw)
+    return raw
 
 
-def _inflate(raw: bytes, max_bytes: int) -> bytes:
-    """``raw`` inflated, one step at a time: never more than ``max_bytes`` (+ a step) in memory."""
-    inflater = zlib.decompressobj()
-    pieces: list[bytes] = []
-    size = 0
-    pending = raw
-    try:
-        while not inflater.eof:
-            piece = inflater.decompress(pending, _INFLATE_STEP)
-            pending = inflater.unconsumed_tail
-            if not piece and not pending:
-                raise DocumentError("is not valid zlib data (the stream is truncated)")
-            size += len(piece)
-            if size > max_bytes:
-                raise DocumentError(f"inflates to more than {max_bytes} bytes")
-            pieces.append(piece)
-    except zlib.error as exc:
-        raise DocumentError(f"is not valid zlib data ({exc})") from exc
-    return b"".join(pieces)
+class _Reader:
+    """Strict field access that names the document and the field on every error."""
+
+    def __init__(self, raw: bytes, expected_format: str, where: str) -> None:
+        self.where = where
+        try:
+            document = load_document(raw)
+        except DocumentError as exc:
+            raise self.error(str(exc)) from exc
+        if not isinstance(document, dict):
+            raise self.error(f"is not a JSON object but {type(document).__name__}")
+        self.document: dict[str, Any] = document
+        if document.get("format") != expected_format:
+            raise self.error(f"has format {document.get('format')!r}, expected {expected_format!r}")
+        if document.get("schema") != SCHEMA:
+            raise self.error(
+                f"has schema version {document.get('schema')!r}; this version reads {SCHEMA}"
+            )
+
+    def error(self, problem: str) -> RendezvousStateError:
+        return RendezvousStateError(f"the rendezvous document at {self.where} {problem}")
+
+    def value(self, name: str, kind: type) -> Any:
+        value = self.document.get(name)
+        if kind is int:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise self.error(f"has a bad {name!r}: expected an int >= 0, got {value!r}")
+        elif not isinstance(value, kind):
+            raise self.error(f"has a bad {name!r}: expected {kind.__name__}, got {value!r}")
+        return value
+
+    def nodes(self, name: str, extra: bool = False) -> list[tuple[_NodeDesc, int]]:
+        """The node list ``name``; with ``extra`` each entry carries one more int."""
+        entries = self.value(name, list)
+        width = 4 if extra else 3
+        result = []
+        for index, entry in enumerate(entries):
+            try:
+                if not isinstance(entry, list) or len(entry) != width:
+                    raise ValueError(f"expected {width} fields")
+                node = node_from_fields(entry[0], entry[1], entry[2])
+                if extra and (type(entry[3]) is not int or entry[3] < 0):
+                    raise ValueError(f"expected an int >= 0 after the node, got {entry[3]!r}")
+            except ValueError as exc:
+                raise self.error(f"has a bad entry {name}[{index}]: {exc}") from exc
+            result.append((node, entry[3] if extra else 0))
+        return result
 
 
-def _nesting_problem(raw: bytes, depth: int) -> str | None:
-    """Why the brackets of ``raw`` are refused (nested deeper than ``depth``, unpaired), or None.
+def decode_state(raw: bytes, where: str) -> RendezvousState:
+    """The state in ``raw``; ``where`` names its store key in error messages."""
+    reader = _Reader(raw, STATE_FORMAT, where)
+    state = RendezvousState(
+        round=reader.value("round", int),
+        complete=reader.value("complete", bool),
+        closed=reader.value("closed", bool),
+        participants=dict(reader.nodes("participants", extra=True)),
+        wait_list=dict.fromkeys(node for node, _ in reader.nodes("wait_list")),
+        redundancy_list=dict.fromkeys(node for node, _ in reader.nodes("redundancy_list")),
+        hints=dict(reader.nodes("hints", extra=True)),
+        last_order=[node for node, _ in reader.nodes("last_order")],
+        epoch=reader.value("epoch", int),
+    )
+    # Each node is in one list at most: the steward samples each member once.
+    listed = len(state.participants) + len(state.wait_list) + len(state.redundancy_list)
+    if len(set(state.members())) != listed:
+        raise reader.error(
+            "lists a node in more than one of participants, wait_list, redundancy_list"
+        )
+    # Participants keep their ranks when others leave a completed round, so
+    # the ranks may have gaps; each must still be the node's place in the
+    # order the round completed with.
+    order = state.last_order
+    if state.complete and any(
+        rank >= len(order) or order[rank] != node for node, rank in state.participants.items()
+    ):
+        raise reader.error("has a complete round whose ranks are not its places in last_order")
+    return state
 
-    Strings go first (they may hold brackets; their escapes before them),
-    then all but the brackets; each pass of a regular expression then removes
-    the innermost pairs, so after ``depth`` passes nothing is left of a
-    document that nests no deeper. Every step is one linear pass.
+
+#: Nodes of one process woken by the same outcome decode it once: the others
+#: wait for the first instead of all missing the cache together.
+_decoding = threading.Lock()
+
+
+def decode_outcome(raw: bytes, where: str) -> RoundOutcome:
+    """The round outcome in ``raw`` (decoded once per process: every node reads the same bytes)."""
+    with _decoding:
+        return _decode_outcome(raw, where)
+
+
+@functools.lru_cache(maxsize=8)
+def _decode_outcome(raw: bytes, where: str) -> RoundOutcome:
+    reader = _Reader(raw, OUTCOME_FORMAT, where)
+    round_ = reader.value("round", int)
+    status = reader.document.get("status")
+    if status == "closed":
+        return RoundOutcome(round_, closed=True)
+    if status == "error":
+        return RoundOutcome(round_, closed=False, error=str(reader.value("error", str)))
+    if status != "complete":
+        raise reader.error(f"has an unknown status {status!r}")
+    participants = tuple(node for node, _ in reader.nodes("participants"))
+    if not participants:
+        raise reader.error("has a complete round without participants")
+    ranks = {node: rank for rank, node in enumerate(participants)}
+    if len(ranks) != len(participants):
+        raise reader.error("lists a participant twice")
+    return RoundOutcome(
+        round_,
+        closed=False,
+        participants=participants,
+        wait_list=tuple(node for node, _ in reader.nodes("wait_list")),
+        redundancy_list=tuple(node for node, _ in reader.nodes("redundancy_list")),
+        ranks=ranks,
+    )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The steward lease as read from the store.
+
+    Who holds it, at which epoch, its heartbeat, and the round a joining node
+    should wait for: one read tells a joiner both whom to trust and where to
+    wait.
     """
-    brackets = _STRING.sub(b"", _ESCAPE.sub(b"", raw)).translate(None, _NOT_BRACKETS)
-    for _ in range(depth):
-        brackets, found = _INNERMOST.subn(b"", brackets)
-        if not found:
-            break
-    if not brackets:
+
+    raw: bytes
+    epoch: int
+    holder: str  # a node key, or "" when vacant
+    round: int = 0
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Lease:
+        """The lease in ``raw``; anything unreadable counts as vacant at epoch 0, round 0.
+
+        So does a lease longer than :data:`~.bounded_json.MAX_MESSAGE_BYTES`
+        (no steward writes one): what a store writer put there costs no more
+        to read than a real lease.
+        """
+        if len(raw) > MAX_MESSAGE_BYTES:
+            return cls(raw, 0, "")
+        parts = raw.split(b" ")
+        if len(parts) != 4:
+            return cls(raw, 0, "")
+        try:
+            epoch, round_ = int(parts[0]), int(parts[3])
+            holder = "" if parts[1] == b"-" else parts[1].decode()
+        except (ValueError, UnicodeDecodeError):
+            return cls(raw, 0, "")
+        return cls(raw, max(epoch, 0), holder, max(round_, 0))
+
+    @staticmethod
+    def encode(epoch: int, holder: str, beat: int, round_: int) -> bytes:
+        """The lease of ``holder`` (``""``: vacant) at heartbeat ``beat``, hinting ``round_``."""
+        return f"{epoch} {holder or '-'} {beat} {round_}".encode()
+
+
+def encode_message(event: Message, receipt: str | None = None) -> bytes:
+    """A mailbox message carrying ``event``."""
+    node = event.node
+    document: dict[str, object] = {
+        "op": "join" if isinstance(event, Join) else "leave",
+        "node": [node.addr, node.pid, node.local_id],
+    }
+    if isinstance(event, Join):
+        document["round"] = event.round
+        if event.hint is not None:
+            document["hint"] = event.hint
+    if receipt is not None:
+        document["receipt"] = receipt
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_message(raw: bytes) -> tuple[Message | None, str | None]:
+    """The event (``None`` for a wake-up) and receipt in a mailbox message.
+
+    Raises ``ValueError`` if the message is malformed, longer than
+    :data:`~.bounded_json.MAX_MESSAGE_BYTES` or nested too deeply.
+    """
+    document = load_document(raw, MAX_MESSAGE_BYTES)
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    if document.get("op") == "wake":
+        return None, None
+    fields = document.get("node")
+    if not isinstance(fields, list) or len(fields) != 3:
+        raise ValueError(f"bad node {fields!r:.200}: expected [address, pid, local id]")
+    try:
+        node = node_from_fields(*fields)
+    except ValueError as exc:
+        raise ValueError(f"bad node: {exc}") from exc
+    receipt = document.get("receipt")
+    if receipt is not None and not (
+        isinstance(receipt, str)
+        and receipt.startswith(RECEIPT_PREFIX)
+        and len(receipt) <= MAX_RECEIPT_LENGTH
+    ):
+        raise ValueError(
+            f"bad receipt {receipt!r:.200}: expected {RECEIPT_PREFIX!r} and at most "
+            f"{MAX_RECEIPT_LENGTH} characters"
+        )
+    op = document.get("op")
+    if op == "leave":
+        return Leave(node), receipt
+    if op != "join":
+        raise ValueError(f"unknown op {op!r:.200}")
+    hint = document.get("hint")
+    if hint is not None and (type(hint) is not int or hint < 0):
+        raise ValueError(f"bad hint {hint!r:.200}")
+    round_ = document.get("round")
+    if type(round_) is not int or round_ < 0:
+        raise ValueError(f"bad round {round_!r:.200}")
+    return Join(node, hint, round_), receipt
+
+
+def encode_liveness(ages: Mapping[str, float]) -> bytes:
+    """The steward's liveness report: seconds since each node's counter moved."""
+    document = {
+        "format": LIVENESS_FORMAT,
+        "ages": {key: round(age, 3) for key, age in ages.items()},
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_liveness(raw: bytes, where: str) -> dict[str, float]:
+    """The ages in a liveness report; ``RendezvousStateError`` naming ``where`` if malformed."""
+    try:
+        document = load_document(raw)
+    except DocumentError as exc:
+        raise RendezvousStateError(f"the liveness report at {where} {exc}") from exc
+    ages = document.get("ages") if isinstance(document, dict) else None
+    if not isinstance(ages, dict) or document.get("format") != LIVENESS_FORMAT:
+        raise RendezvousStateError(f"the liveness report at {where} is malformed: {raw[:200]!r}")
+    seconds: dict[str, float] = {}
+    for key, age in ages.items():
+        value = _seconds(age)
+        if value is None:
+            raise RendezvousStateError(f"the liveness report at {where} has a bad age {age!r:.40}")
+        seconds[str(key)] = value
+    return seconds
+
+
+def _seconds(age: object) -> float | None:
+    """``age`` as a finite float, else ``None`` (an int may be too large for a float: 10**400)."""
+    if not isinstance(age, int | float) or isinstance(age, bool):
         return None
-    if _INNERMOST.search(brackets):
-        return f"nests deeper than {depth} levels"
-    return "is not JSON (its brackets do not pair)"
+    try:
+        value = float(age)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None

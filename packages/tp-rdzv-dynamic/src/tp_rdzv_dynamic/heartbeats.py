@@ -22,6 +22,15 @@ import threading
 import time
 from collections.abc import Callable
 
+from tp_rdzv_api import RendezvousError
+from tp_store import Store
+
+from .board import RendezvousBoard
+from .decisions import Join
+from .events import log_event
+from .node import _NodeDesc
+from .office import StewardOffice
+
 log = logging.getLogger(__name__)
 
 
@@ -102,3 +111,119 @@ class HeartbeatScheduler:
 HEARTBEATS = HeartbeatScheduler()
 # A forked child has none of its parent's threads: it starts its own.
 os.register_at_fork(after_in_child=HEARTBEATS._reset)
+
+
+class Heartbeats:
+    """A node's heartbeats while its round runs: its counter, every ``interval`` seconds."""
+
+    def __init__(self, board: RendezvousBoard, node: _NodeDesc, interval: float) -> None:
+        self._board = board
+        self._node = node
+        self._interval = interval
+        self._ticket: int | None = None
+        self._round = 0
+
+    def start(self, round_: int) -> None:
+        """Beat for the nodes of ``round_`` (it names the round in its log records)."""
+        self._round = round_
+        self._ticket = HEARTBEATS.start(self._beat, self._interval)
+
+    def stop(self) -> None:
+        """Stop beating (one under way finishes)."""
+        if self._ticket is not None:
+            HEARTBEATS.stop(self._ticket)
+            self._ticket = None
+
+    def _beat(self) -> None:
+        try:
+            self._board.beat(self._node)
+        except RendezvousError as exc:
+            _warn(self._board.run_id, self._node, self._round, f"heartbeat failed: {exc}")
+
+
+class JoinTicks:
+    """A waiting node's ticks, from the scheduler's thread on a board of their own.
+
+    Each tick: a heartbeat, the lease (taken over if its steward went silent),
+    and the join posted again to a new steward. The node's own thread stays
+    parked in one wait for its outcome meanwhile; it used to wake every tick,
+    cancel that wait, do the same and wait again, and hundreds of node threads
+    of a process doing so fought for the GIL.
+
+    Args:
+        run_id: the run.
+        node: this node.
+        office: the node's steward office (used from the ticks only while waiting).
+        store: the store the ticks' connection is cloned from (at the first tick).
+        interval: the keep-alive interval.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        node: _NodeDesc,
+        office: StewardOffice,
+        store: Store,
+        interval: float,
+    ) -> None:
+        self._run_id = run_id
+        self._node = node
+        self._office = office
+        # The store, not a handler method: no reference cycle keeps a handler
+        # (and its connections) alive past its last use.
+        self._store = store
+        self._interval = interval
+        self._board: RendezvousBoard | None = None
+        self._lock = threading.Lock()  # the join asked for, and the office while a tick uses it
+        self._join: Join | None = None
+        self._ticket: int | None = None
+
+    def start(self, join: Join) -> None:
+        """Tick while ``join`` waits; the first tick at a random point of the second half
+        of the interval, so that nodes that started together tick apart."""
+        with self._lock:
+            self._join = join
+        self._ticket = HEARTBEATS.start(
+            self._tick, self._interval, first=self._interval * random.uniform(0.5, 1.0)
+        )
+
+    def ask(self, join: Join) -> None:
+        """The node now waits for ``join`` (a later round): posted again with it."""
+        with self._lock:
+            self._join = join
+
+    def stop(self) -> None:
+        """No more ticks; returns once one under way is done with the office."""
+        if self._ticket is not None:
+            HEARTBEATS.stop(self._ticket)
+            self._ticket = None
+        with self._lock:
+            self._join = None
+
+    def close(self) -> None:
+        """Close the ticks' connection."""
+        if self._board is not None:
+            self._board.store.close()
+            self._board = None
+
+    def _tick(self) -> None:
+        round_ = -1
+        try:
+            if self._board is None:
+                self._board = RendezvousBoard.on_new_connection(self._store, self._run_id)
+            board = self._board
+            board.beat(self._node)
+            with self._lock:
+                if self._join is None:
+                    return  # the node has its outcome, or gave up
+                round_ = self._join.round
+                self._office.watch(time.monotonic(), rejoin=self._join, board=board)
+        except RendezvousError as exc:
+            # The node's own wait meets the same store, and fails or times out.
+            _warn(self._run_id, self._node, round_, f"a tick failed: {exc}")
+
+
+def _warn(run_id: str, node: _NodeDesc, round_: int, message: str) -> None:
+    log_event(
+        log, logging.WARNING, "heartbeat_failed", message, run_id=run_id, node=node, round_=round_
+    )

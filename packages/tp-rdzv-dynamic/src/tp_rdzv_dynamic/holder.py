@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ._store_backend import StoreKeyBackend
 from .backend import RendezvousBackend, Token
-from .state import RendezvousState, decode_state, encode_state
+from .documents import decode_state, encode_state
+from .state import RendezvousState
 
 
 class _RendezvousStateHolder:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 
 from ._store_backend import StoreKeyBackend
+from .layout import torch_state_key
 
 
 class P10dRendezvousBackend(StoreKeyBackend):
@@ -38,7 +39,7 @@ class P10dRendezvousBackend(StoreKeyBackend):
 
     @staticmethod
     def _key_for(run_id: str) -> str:
-        return f"torch.rendezvous.{run_id}"
+        return torch_state_key(run_id)
 
     def _encode(self, state: bytes) -> bytes:
         return base64.b64encode(state)

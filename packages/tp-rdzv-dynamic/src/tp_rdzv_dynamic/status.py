@@ -3,27 +3,20 @@
 Heartbeats are counters, and wall clocks of other hosts are never trusted, so an
 observer cannot tell from a counter alone when it last moved. The steward,
 which samples every counter once per tick on its own monotonic clock, publishes
-the ages it measured (:func:`encode_liveness`); :func:`build_status` joins them
+the ages it measured (:func:`~.documents.encode_liveness`); :func:`build_status` joins them
 with the state. Ages are as of the steward's last tick, at most one
 ``keep_alive_interval`` old.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tp_rdzv_api import RendezvousStateError
-
-from .board import Lease
-from .documents import DocumentError, load_document
+from .documents import Lease
 from .node import _NodeDesc
 from .state import RendezvousState
-
-LIVENESS_FORMAT = "tp-rdzv-liveness"
 
 
 @dataclass(frozen=True)
@@ -76,44 +69,6 @@ class RendezvousStatus:
     def to_dict(self) -> dict[str, Any]:
         """The snapshot as plain JSON types."""
         return asdict(self)
-
-
-def encode_liveness(ages: Mapping[str, float]) -> bytes:
-    """The steward's liveness report: seconds since each node's counter moved."""
-    document = {
-        "format": LIVENESS_FORMAT,
-        "ages": {key: round(age, 3) for key, age in ages.items()},
-    }
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def decode_liveness(raw: bytes, where: str) -> dict[str, float]:
-    """The ages in a liveness report; ``RendezvousStateError`` naming ``where`` if malformed."""
-    try:
-        document = load_document(raw)
-    except DocumentError as exc:
-        raise RendezvousStateError(f"the liveness report at {where} {exc}") from exc
-    ages = document.get("ages") if isinstance(document, dict) else None
-    if not isinstance(ages, dict) or document.get("format") != LIVENESS_FORMAT:
-        raise RendezvousStateError(f"the liveness report at {where} is malformed: {raw[:200]!r}")
-    seconds: dict[str, float] = {}
-    for key, age in ages.items():
-        value = _seconds(age)
-        if value is None:
-            raise RendezvousStateError(f"the liveness report at {where} has a bad age {age!r:.40}")
-        seconds[str(key)] = value
-    return seconds
-
-
-def _seconds(age: object) -> float | None:
-    """``age`` as a finite float, else ``None`` (an int may be too large for a float: 10**400)."""
-    if not isinstance(age, int | float) or isinstance(age, bool):
-        return None
-    try:
-        value = float(age)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def build_status(

@@ -13,18 +13,22 @@ import contextlib
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from tp_rdzv_api import RendezvousError, RendezvousStateError
 
-from .board import Lease, RendezvousBoard
+from .board import RendezvousBoard
 from .decisions import Event, Leave, Transition, apply, needs_last_call
+from .documents import decode_outcome, encode_liveness, encode_outcome
 from .events import log_event
 from .holder import _RendezvousStateHolder
 from .liveness import LivenessTracker
 from .node import _NodeDesc
 from .settings import RendezvousSettings
-from .state import RendezvousState, decode_outcome, encode_failed_outcome, encode_outcome
-from .status import encode_liveness
+from .state import RendezvousState, RoundOutcome
+
+if TYPE_CHECKING:
+    from .office import Tenure
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +46,14 @@ class LeaseLost(Exception):
 
 
 class Steward:
-    """Decides for the run while ``node`` holds the lease of ``epoch``.
+    """Decides for the run while ``node`` holds the lease (``tenure``).
 
     Args:
         node: this node.
         settings: the run's settings.
         board: the side channels, on a store connection of the steward's own.
         holder: the state holder, on a backend connection of the steward's own.
-        lease: the lease value this node wrote when it took office.
+        tenure: the lease this node took, on ``board``.
     """
 
     def __init__(
@@ -58,15 +62,13 @@ class Steward:
         settings: RendezvousSettings,
         board: RendezvousBoard,
         holder: _RendezvousStateHolder,
-        lease: bytes,
+        tenure: Tenure,
     ) -> None:
         self.node = node
         self.settings = settings
         self.board = board
         self.holder = holder
-        self.epoch = Lease.parse(lease).epoch
-        self._lease = lease
-        self._beat = 0
+        self._tenure = tenure
         self._tick = settings.keep_alive_interval.total_seconds()
         self._scan_every = self._tick / _SCANS_PER_TICK
         self._liveness = LivenessTracker(settings.liveness_bound.total_seconds())
@@ -109,7 +111,7 @@ class Steward:
             self._take_office()
             while not self._stop.is_set():
                 self._step()
-            self._resign()
+            self._tenure.resign(self._round_hint())
         except LeaseLost:
             self._event(logging.INFO, "lease_lost", f"steward {self.node} lost the lease")
         except RendezvousStateError as exc:
@@ -126,12 +128,12 @@ class Steward:
         """Load the state and stamp it with this epoch, which fences older stewards out."""
         state, token = self.holder.load()
         for _ in range(_MAX_RETRIES):
-            self._state = state  # for the round hint the lease carries
-            if state.epoch >= self.epoch:
+            self._state = state
+            if state.epoch >= self._tenure.epoch:
                 # The lease was reset or damaged: move it past the state's epoch.
-                self._swap_lease(state.epoch + 1, self._beat)
+                self._tenure.move_past(state.epoch, state.waiting_round)
             stamped = state.copy()
-            stamped.epoch = self.epoch
+            stamped.epoch = self._tenure.epoch
             stored, token, won = self.holder.save(stamped, token)
             if won:
                 self._state = self._saved = stamped
@@ -145,8 +147,8 @@ class Steward:
         self._next_beat = now + self._tick
         state = self._state
         if state.complete:
-            key = self.board.outcome_key(state.round)
-            published = self.board.publish(state.round, encode_outcome(state))
+            key = self.board.keys.outcome(state.round)
+            published = self.board.publish(state.round, encode_outcome(state.outcome()))
             try:
                 members = len(decode_outcome(published, key).participants)
             except RendezvousStateError as exc:
@@ -163,7 +165,7 @@ class Steward:
         self._event(
             logging.INFO,
             "steward_elected",
-            f"{self.node} is the steward (epoch {self.epoch}, round {state.round})",
+            f"{self.node} is the steward (epoch {self._tenure.epoch}, round {state.round})",
         )
 
     def _step(self) -> None:
@@ -200,7 +202,7 @@ class Steward:
     def _beat_if_due(self) -> None:
         now = time.monotonic()
         if now >= self._next_beat:
-            self._beat_lease()
+            self._tenure.beat(self._round_hint())
             self._next_beat = now + self._tick
 
     def _find_dead(self, now: float, report: bool) -> list[Event]:
@@ -280,7 +282,7 @@ class Steward:
                 return transition
             # Someone else wrote (set_closed): what this steward has not saved
             # yet is decided again on top of theirs.
-            if stored.epoch > self.epoch:
+            if stored.epoch > self._tenure.epoch:
                 raise LeaseLost
             transition = apply(
                 stored, self._unsaved, self.settings, last_call_expired=last_call_expired
@@ -290,22 +292,21 @@ class Steward:
 
     def _announce(self, transition: Transition) -> None:
         """Publish the outcomes of the rounds that completed, then the counters."""
-        for round_, outcome in transition.outcomes:
-            self.board.publish(round_, outcome)
-            if log.isEnabledFor(logging.INFO):
-                # The record names the membership committed (a digest, not the
-                # list): a log of these is what split-brain checks compare.
-                members = decode_outcome(outcome, self.board.outcome_key(round_)).participants
-                log_event(
-                    log,
-                    logging.INFO,
-                    "round_complete",
-                    f"round {round_} complete with {len(members)} nodes (epoch {self.epoch})",
-                    run_id=self.board.run_id,
-                    node=self.node,
-                    round_=round_,
-                    participants=members,
-                )
+        for outcome in transition.outcomes:
+            round_, members = outcome.round, outcome.participants
+            self.board.publish(round_, encode_outcome(outcome))
+            # The record names the membership committed (a digest, not the
+            # list): a log of these is what split-brain checks compare.
+            log_event(
+                log,
+                logging.INFO,
+                "round_complete",
+                f"round {round_} complete with {len(members)} nodes (epoch {self._tenure.epoch})",
+                run_id=self.board.run_id,
+                node=self.node,
+                round_=round_,
+                participants=members,
+            )
         self._publish_counters()
 
     def _publish_counters(self) -> None:
@@ -316,28 +317,17 @@ class Steward:
             liveness=self._liveness_report,
         )
         self._liveness_report = None
-        if self._round_hint() != Lease.parse(self._lease).round:
-            self._swap_lease(self.epoch, self._beat + 1)
+        self._tenure.hint(self._round_hint())
 
     def _round_hint(self) -> int:
         """The round a node joining now should wait for (published in the lease)."""
-        state = self._state
-        return state.round + 1 if state.complete else state.round
+        return self._state.waiting_round
 
     def _update_last_call(self, now: float) -> None:
         if not needs_last_call(self._state, self.settings):
             self._last_call_at = None
         elif self._last_call_at is None:
             self._last_call_at = now + self.settings.timeout.last_call.total_seconds()
-
-    def _beat_lease(self) -> None:
-        self._swap_lease(self.epoch, self._beat + 1)
-
-    def _swap_lease(self, epoch: int, beat: int) -> None:
-        desired = Lease.encode(epoch, self.node.key, beat, self._round_hint())
-        if self.board.swap_lease(self._lease, desired) != desired:
-            raise LeaseLost
-        self._lease, self.epoch, self._beat = desired, epoch, beat
 
     def _event(self, level: int, action: str, message: str, round_: int | None = None) -> None:
         log_event(
@@ -355,9 +345,5 @@ class Steward:
         with contextlib.suppress(RendezvousError):
             first = self.board.read_lease().round
             for round_ in (first, first + 1):
-                self.board.publish(round_, encode_failed_outcome(round_, str(exc)))
-
-    def _resign(self) -> None:
-        vacant = Lease.encode(self.epoch, "", self._beat + 1, self._round_hint())
-        if self.board.swap_lease(self._lease, vacant) == vacant:
-            self._lease = vacant
+                failed = RoundOutcome(round_, closed=False, error=str(exc))
+                self.board.publish(round_, encode_outcome(failed))

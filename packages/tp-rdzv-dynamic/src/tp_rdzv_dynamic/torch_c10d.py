@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from tp_rdzv_api import RendezvousConnectionError, RendezvousTimeoutError
 from tp_store import Store, StoreError
 
+from .layout import torch_state_key
 from .node import _NodeDesc
 from .state import RendezvousState
 from .status import RendezvousStatus, build_status
@@ -23,7 +24,6 @@ from .torch_state import (
     TorchRendezvousState,
     decode_torch_state,
     encode_torch_state,
-    torch_state_key,
 )
 
 

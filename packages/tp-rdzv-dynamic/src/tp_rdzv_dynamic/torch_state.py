@@ -53,11 +53,6 @@ _DATETIME_TYPES: dict[str, type] = {
 }
 
 
-def torch_state_key(run_id: str) -> str:
-    """The store key of run ``run_id``'s state in PyTorch's c10d layout."""
-    return f"torch.rendezvous.{run_id}"
-
-
 @dataclass(frozen=True, order=True)
 class TorchNode:
     """A node of a PyTorch rendezvous (PyTorch's ``_NodeDesc``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._store_backend import StoreKeyBackend
+from .layout import state_key
 
 
 class TpRendezvousBackend(StoreKeyBackend):
@@ -29,4 +30,4 @@ class TpRendezvousBackend(StoreKeyBackend):
 
     @staticmethod
     def _key_for(run_id: str) -> str:
-        return f"tp_rdzv/{run_id}/state"
+        return state_key(run_id)

@@ -1,0 +1,105 @@
+"""Reading the JSON documents nodes and the steward leave in the store, within bounds.
+
+Anyone who can write to the store can put anything in the keys a rendezvous
+reads, so every document is bounded before it is parsed: in size, in inflated
+size when it is compressed (inflated step by step, never beyond the bound), and
+in nesting depth (checked without recursion: Python's parser would raise
+``RecursionError`` on 100,000 ``[``). A document over a bound, or not JSON, is a
+:class:`DocumentError`, which readers turn into
+:class:`~tp_rdzv_api.RendezvousStateError` or drop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from typing import Any
+
+from tp_store.protocol import Limits
+
+#: The most a document may hold, inflated or not: the most a default store
+#: holds in one value. The steward writes the state uncompressed, and every
+#: other document (outcome, liveness report) names fewer nodes than it does.
+MAX_DOCUMENT_BYTES = Limits().max_value_bytes
+#: The most a mailbox message or the lease may hold (one node's name and a few numbers).
+MAX_MESSAGE_BYTES = 64 << 10
+#: No document nests deeper: the state is an object of lists of node entries (lists).
+MAX_DEPTH = 3
+#: The first byte of every zlib stream (0x78); JSON documents start with ``{``.
+ZLIB_HEADER = b"x"
+
+# Escapes go first, then strings hold no backslash: both patterns match in
+# one pass without backtracking (one pattern for strings with escapes in them
+# takes quadratic time on '"' followed by many '\\"').
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+# An array or object holding no other (once all but brackets are gone): one
+# level of nesting, removed per pass.
+_INNERMOST = re.compile(rb"[\[{][\]}]")
+_INFLATE_STEP = 1 << 20
+
+
+class DocumentError(ValueError):
+    """A document over a bound, or not JSON; the message says which (``"is not JSON..."``)."""
+
+
+def load_document(raw: bytes, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """The JSON value in ``raw`` (inflated first if zlib-compressed).
+
+    Raises :class:`DocumentError` when ``raw``, or what it inflates to, holds
+    more than ``max_bytes``, nests deeper than :data:`MAX_DEPTH`, or is not JSON.
+    """
+    if len(raw) > max_bytes:
+        raise DocumentError(f"holds {len(raw)} bytes, more than the {max_bytes} allowed")
+    if raw[:1] == ZLIB_HEADER:
+        raw = _inflate(raw, max_bytes)
+    problem = _nesting_problem(raw, MAX_DEPTH)
+    if problem is not None:
+        raise DocumentError(problem)
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise DocumentError(f"is not JSON ({exc})") from exc
+
+
+def _inflate(raw: bytes, max_bytes: int) -> bytes:
+    """``raw`` inflated, one step at a time: never more than ``max_bytes`` (+ a step) in memory."""
+    inflater = zlib.decompressobj()
+    pieces: list[bytes] = []
+    size = 0
+    pending = raw
+    try:
+        while not inflater.eof:
+            piece = inflater.decompress(pending, _INFLATE_STEP)
+            pending = inflater.unconsumed_tail
+            if not piece and not pending:
+                raise DocumentError("is not valid zlib data (the stream is truncated)")
+            size += len(piece)
+            if size > max_bytes:
+                raise DocumentError(f"inflates to more than {max_bytes} bytes")
+            pieces.append(piece)
+    except zlib.error as exc:
+        raise DocumentError(f"is not valid zlib data ({exc})") from exc
+    return b"".join(pieces)
+
+
+def _nesting_problem(raw: bytes, depth: int) -> str | None:
+    """Why the brackets of ``raw`` are refused (nested deeper than ``depth``, unpaired), or None.
+
+    Strings go first (they may hold brackets; their escapes before them),
+    then all but the brackets; each pass of a regular expression then removes
+    the innermost pairs, so after ``depth`` passes nothing is left of a
+    document that nests no deeper. Every step is one linear pass.
+    """
+    brackets = _STRING.sub(b"", _ESCAPE.sub(b"", raw)).translate(None, _NOT_BRACKETS)
+    for _ in range(depth):
+        brackets, found = _INNERMOST.subn(b"", brackets)
+        if not found:
+            break
+    if not brackets:
+        return None
+    if _INNERMOST.search(brackets):
+        return f"nests deeper than {depth} levels"
+    return "is not JSON (its brackets do not pair)"

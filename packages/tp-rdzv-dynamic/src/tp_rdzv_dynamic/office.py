@@ -1,0 +1,195 @@
+"""The steward office: who decides for the run, and the steward thread when it is this node.
+
+Each node has one :class:`StewardOffice`. It reads the lease, judges on this
+host's monotonic clock whether its holder still beats it, takes it over
+(compare-and-set from the value last seen) when it is vacant or frozen for the
+liveness bound, re-posts the node's join to every new steward, and starts and
+stops the steward thread. That thread holds the lease through a
+:class:`Tenure`, which writes every later value of it. No other code writes the
+lease (its codec is :class:`~.documents.Lease`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from tp_rdzv_api import RendezvousConnectionError
+from tp_store import Store, StoreError
+
+from .board import RendezvousBoard
+from .decisions import Join
+from .documents import Lease
+from .events import log_event
+from .holder import _RendezvousStateHolder
+from .node import _NodeDesc
+from .settings import RendezvousSettings
+from .steward import LeaseLost, Steward
+
+log = logging.getLogger(__name__)
+
+
+class Tenure:
+    """The lease as its holder keeps it, on the steward's own board.
+
+    Every write raises :class:`~.steward.LeaseLost` when the lease no longer
+    holds what this holder last wrote: another node took it.
+
+    Args:
+        board: the steward's board.
+        holder: the holding node's key.
+        lease: the value the holder wrote when it took the lease.
+    """
+
+    def __init__(self, board: RendezvousBoard, holder: str, lease: bytes) -> None:
+        taken = Lease.parse(lease)
+        self._board = board
+        self._holder = holder
+        self._raw = lease
+        self._beat = 0
+        self.epoch = taken.epoch
+        #: The round the lease tells joiners to wait for.
+        self.round = taken.round
+
+    def beat(self, round_: int) -> None:
+        """Move the lease's beat (waiters judge the steward alive by it), hinting ``round_``."""
+        self._write(self.epoch, self._holder, self._beat + 1, round_)
+
+    def hint(self, round_: int) -> None:
+        """Tell joiners to wait for ``round_``, unless the lease already does."""
+        if round_ != self.round:
+            self.beat(round_)
+
+    def move_past(self, epoch: int, round_: int) -> None:
+        """Take the epoch after ``epoch`` (a state stamped by ``epoch`` fences this one out)."""
+        self._write(epoch + 1, self._holder, self._beat, round_)
+
+    def resign(self, round_: int) -> None:
+        """Hand the lease back vacant, unless another node holds it already."""
+        with contextlib.suppress(LeaseLost):
+            self._write(self.epoch, "", self._beat + 1, round_)
+
+    def _write(self, epoch: int, holder: str, beat: int, round_: int) -> None:
+        desired = Lease.encode(epoch, holder, beat, round_)
+        if self._board.swap_lease(self._raw, desired) != desired:
+            raise LeaseLost
+        self._raw, self.epoch, self._beat, self.round = desired, epoch, beat, round_
+
+
+class StewardOffice:
+    """This node's view of the steward lease, and its steward thread while it holds it.
+
+    Not thread-safe: the handler's calls come from the agent's thread, and
+    while it waits for a round from its ticks (:class:`~.heartbeats.JoinTicks`),
+    one at a time, on the ticks' own board.
+
+    Args:
+        node: this node.
+        settings: the run's settings.
+        board: the node's board (the steward gets a connection of its own).
+        store: the store the steward's connection is cloned from.
+        holder: the state holder the steward's is cloned from.
+    """
+
+    def __init__(
+        self,
+        node: _NodeDesc,
+        settings: RendezvousSettings,
+        board: RendezvousBoard,
+        store: Store,
+        holder: _RendezvousStateHolder,
+    ) -> None:
+        self._node = node
+        self._settings = settings
+        self._board = board
+        self._store = store
+        self._holder = holder
+        self._bound = settings.liveness_bound.total_seconds()
+        self._steward: Steward | None = None
+        # The lease's clock: its value as last read, and since when (monotonic) it holds it.
+        self._seen = b""
+        self._since = 0.0
+        self._epoch = -1
+        self._posted_epoch = -1  # the epoch of the steward the last join went to
+
+    @property
+    def running(self) -> bool:
+        """Whether this node's steward thread is deciding (it ends when it loses the lease)."""
+        return self._steward is not None and self._steward.running
+
+    def post(self, join: Join, board: RendezvousBoard | None = None) -> None:
+        """Post ``join`` to the steward in office (through ``board``, by default the node's)."""
+        (board or self._board).post(join)
+        self._posted_epoch = self._epoch
+
+    def watch(
+        self, now: float, rejoin: Join | None = None, board: RendezvousBoard | None = None
+    ) -> Lease:
+        """Read the lease; take it when vacant, ours without a thread, or frozen too long.
+
+        ``now`` is this host's monotonic time. If a new steward took office
+        since ``rejoin`` was last posted, it is posted again: what the old one
+        took from the mailbox but did not persist is lost with it. ``board``:
+        the connection to use, by default the node's. Returns the lease as it
+        stands afterwards.
+        """
+        board = board or self._board
+        lease = board.read_lease()
+        self._note(lease, now)
+        mine = lease.holder == self._node.key
+        if not lease.holder or (mine and not self.running):
+            lease = self._take(board, lease, now)
+        elif not mine and now - self._since >= self._bound:
+            log_event(
+                log,
+                logging.WARNING,
+                "steward_takeover",
+                f"steward {lease.holder} silent for {self._settings.liveness_bound}; "
+                f"{self._node} takes over",
+                run_id=self._board.run_id,
+                node=self._node,
+                round_=lease.round,
+            )
+            lease = self._take(board, lease, now)
+        if rejoin is not None and self._posted_epoch != self._epoch:
+            self.post(rejoin, board)
+        return lease
+
+    def stop(self, waker: RendezvousBoard | None = None) -> None:
+        """Stop this node's steward thread, if any; it hands the lease back vacant.
+
+        ``waker``: a board whose connection no wait holds (by default the node's).
+        """
+        if self._steward is not None:
+            self._steward.stop(waker=waker or self._board)
+            self._steward = None
+
+    def _note(self, lease: Lease, now: float) -> None:
+        self._epoch = lease.epoch
+        if lease.raw != self._seen:
+            self._seen, self._since = lease.raw, now
+
+    def _take(self, board: RendezvousBoard, lease: Lease, now: float) -> Lease:
+        """Take over from ``lease`` and start deciding; the lease that holds afterwards."""
+        desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
+        held = board.swap_lease(lease.raw, desired)
+        if held != desired:
+            # Another node was faster: it is the steward now (the answer names it).
+            winner = Lease.parse(held)
+            self._note(winner, now)
+            return winner
+        self.stop(board)
+        try:
+            store = self._store.clone()
+        except StoreError as exc:
+            raise RendezvousConnectionError(
+                f"rendezvous {self._board.run_id!r}: opening the steward's connection: {exc}"
+            ) from exc
+        own = RendezvousBoard(store, self._board.run_id)
+        tenure = Tenure(own, self._node.key, desired)
+        steward = Steward(self._node, self._settings, own, self._holder.clone(), tenure)
+        steward.start()
+        self._steward = steward
+        taken = Lease.parse(desired)
+        self._note(taken, now)
+        return taken
