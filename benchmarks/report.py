@@ -343,9 +343,9 @@ def plot_spread(run: Run, path: Path) -> str:
     fig, axes = plt.subplots(len(cases), 1, figsize=(8, 2.6 * len(cases)), squeeze=False)
     for ax, (name, sides) in zip(axes[:, 0], cases.items(), strict=True):
         for side, color in (("ours", OURS_COLOR), ("torch", TORCH_COLOR)):
-            for attempt, result in enumerate(sides.get(side, [])):
-                label = f"{side}: last {result['last']:.2f} s" if attempt == 0 else None
-                ax.hist(result["returns"], bins=60, color=color, alpha=0.6, label=label)
+            for attempt, result in enumerate(sides.get(side, []), start=1):
+                label = f"{side}, run {attempt}: last {result['last']:.2f} s"
+                ax.hist(result["returns"], bins=60, color=color, alpha=0.5, label=label)
         ax.set_title(name)
         ax.set_xlabel("seconds from the start signal to the node's return")
         ax.set_ylabel("nodes")
