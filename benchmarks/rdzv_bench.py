@@ -54,6 +54,7 @@ from typing import Any
 
 from hostinfo import host_info, load_average
 from metrics import Metric, format_table
+from node_messages import NodeProcess, send_message
 from spread import SpreadCase, SpreadResult, run_spread
 
 IMPLS = ("ours", "torch")
@@ -87,9 +88,6 @@ KILL_CONFIG = {
     "last_call_timeout": 0.5,
     "join_timeout": 60,
 }
-# Node processes talk to the bench over stdout lines carrying this prefix;
-# anything else a node prints (torch's logging, say) is passed through.
-MESSAGE_PREFIX = "RDZV-BENCH "
 
 
 class VerificationError(RuntimeError):
@@ -404,10 +402,6 @@ def node_main(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
-def send_message(event: str, **fields: Any) -> None:
-    print(MESSAGE_PREFIX + json.dumps({"event": event, **fields}), flush=True)
-
-
 def create_registry_handler(impl: str, endpoint: str, run_id: str, is_host: bool) -> Any:
     """A handler from ``impl``'s backend registry, configured as KILL_CONFIG says."""
     if impl == "ours":
@@ -444,38 +438,6 @@ def create_registry_handler(impl: str, endpoint: str, run_id: str, is_host: bool
 def torch_kill_config() -> dict[str, int]:
     """KILL_CONFIG for torch, whose timeouts are whole seconds (0.5 s reads as 0, invalid)."""
     return {key: math.ceil(value) for key, value in KILL_CONFIG.items()}
-
-
-class NodeProcess:
-    """One node process: its stdin for commands, a thread forwarding its messages."""
-
-    def __init__(self, slot: int, command: list[str], inbox: queue.Queue[tuple[int, dict]]):
-        self.slot = slot
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        threading.Thread(target=self._forward, args=(inbox,), daemon=True).start()
-
-    def _forward(self, inbox: queue.Queue[tuple[int, dict]]) -> None:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        for line in stdout:
-            if line.startswith(MESSAGE_PREFIX):
-                inbox.put((self.slot, json.loads(line[len(MESSAGE_PREFIX) :])))
-            else:
-                sys.stderr.write(f"[node {self.slot}] {line}")
-        inbox.put((self.slot, {"event": "eof"}))
-
-    def tell(self, command: str) -> None:
-        stdin = self.proc.stdin
-        assert stdin is not None
-        stdin.write(command + "\n")
-        stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 class NodeGroup:

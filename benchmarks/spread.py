@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from hostinfo import load_average
+from node_messages import NodeProcess, send_message
 from store_bench import Server, child_env, start_server
 
-MESSAGE_PREFIX = "SPREAD "
 #: Keep-alive settings of the first-round cases: no tick falls in a round that works.
 ROUND_CONFIG = {"keep_alive_interval": 5, "keep_alive_max_attempt": 3, "last_call_timeout": 1}
 #: Those of the kill case: dead nodes are found within 2 s.
@@ -113,44 +113,6 @@ def process_cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` so far (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class NodeProcess:
-    """One node process: commands on its stdin, its messages forwarded to an inbox."""
-
-    def __init__(self, slot: int, command: list[str], inbox: queue.Queue[tuple[int, dict]]):
-        self.slot = slot
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
-        )
-        threading.Thread(target=self._forward, args=(inbox,), daemon=True).start()
-
-    def _forward(self, inbox: queue.Queue[tuple[int, dict]]) -> None:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        for line in stdout:
-            if line.startswith(MESSAGE_PREFIX):
-                inbox.put((self.slot, json.loads(line[len(MESSAGE_PREFIX) :])))
-            else:
-                sys.stderr.write(f"[node process {self.slot}] {line}")
-        inbox.put((self.slot, {"event": "eof"}))
-
-    def tell(self, command: str) -> None:
-        stdin = self.proc.stdin
-        assert stdin is not None
-        stdin.write(command + "\n")
-        stdin.flush()
-
-    def stop(self) -> None:
-        """End the process: closing its stdin ends it (under py-spy, which then writes)."""
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self.proc.wait()
 
 
 def collect(
@@ -226,7 +188,7 @@ class _Group:
     def start(self, spec: dict[str, Any]) -> None:
         script = [sys.executable, str(Path(__file__).resolve()), "node", json.dumps(spec)]
         command = [*self._profiled(f"node-{len(self.nodes)}"), *script]
-        self.nodes.append(NodeProcess(len(self.nodes), command, self.inbox))
+        self.nodes.append(NodeProcess(len(self.nodes), command, self.inbox, child_env()))
 
     def collect(self, event: str, slots: Sequence[int], timeout: float) -> dict[int, dict]:
         return collect(self.inbox, event, slots, time.monotonic() + timeout)
@@ -429,10 +391,6 @@ def _digest(info: Any) -> str | None:
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def send_message(event: str, **fields: Any) -> None:
-    print(MESSAGE_PREFIX + json.dumps({"event": event, **fields}), flush=True)
 
 
 if __name__ == "__main__":
