@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from metrics import Metric
+from store_matrix import MatrixView, matrix_table
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -42,6 +43,7 @@ PAGE = "index.md"
 RDZV_PNG = "rendezvous-first-round.png"
 SPREAD_PNG = "rendezvous-spread-returns.png"
 STORE_PNG = "store-ops.png"
+MATRIX_PNG = "store-matrix.png"
 
 # One colour per side, the same in both plots.
 OURS_COLOR = "#1f77b4"
@@ -437,6 +439,93 @@ def plot_store(run: Run, path: Path) -> str:
     return "Grouped bars of store operations per second, ours and PyTorch: " + "; ".join(pairs)
 
 
+def plot_matrix(run: Run, path: Path) -> str:
+    """The client x server matrix of ``run`` at ``path``: bars per workload; its alt text."""
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    view = MatrixView(run.data["matrix"])
+    pairs = view.pairs
+    jobs = view.workloads
+    servers = [side["name"] for side in view.result["servers"]]
+    fig, ax = plt.subplots(figsize=(10, 5.4))
+    width = 0.8 / len(pairs)
+    families = {"torch": "Reds", "ours": "Blues"}  # a colour family per client, a shade per server
+    for index, pair in enumerate(pairs):
+        shades = plt.get_cmap(families.get(pair[0], "Greens"))
+        color = shades(0.45 + 0.5 * servers.index(pair[1]) / max(len(servers) - 1, 1))
+        ys = [view.value(job["name"], pair, "rate") or 0.0 for job in jobs]
+        xs = [j + (index - (len(pairs) - 1) / 2) * width for j in range(len(jobs))]
+        bars = ax.bar(xs, ys, width=width, color=color, label=view.label(pair))
+        ax.bar_label(bars, labels=[short_number(y) for y in ys], fontsize=6, padding=1)
+    ax.set_xticks(list(range(len(jobs))))
+    ax.set_xticklabels([job["label"] for job in jobs], fontsize=9)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: short_number(y) if y else "0"))
+    ax.set_ylabel("calls per second (median of the repetitions)")
+    fig.suptitle("Store: every client against every server (higher is better)", fontsize=12)
+    ax.set_title(machine_caption(run), fontsize=8, color="#555555")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, fontsize=8)
+    ax.grid(True, axis="y", alpha=0.25)
+    ax.grid(False, axis="x")
+    save(fig, path)
+    plt.close(fig)
+    parts = []
+    for job in jobs:
+        shown = ", ".join(
+            f"{view.label(pair)} {number(view.value(job['name'], pair, 'rate'))}" for pair in pairs
+        )
+        parts.append(f"{job['label']}: {shown}")
+    return "Grouped bars of calls per second, every client against every server; " + "; ".join(
+        parts
+    )
+
+
+def matrix_section(run: Run) -> str:
+    """The matrix tables of ``run`` (rates, server CPU, client CPU) and how they were made."""
+    matrix = run.data["matrix"]
+    out = [
+        "### Every client against every server\n",
+        f"![{{alt}}]({MATRIX_PNG})\n",
+        "Each server runs alone in its own process: PyTorch's libuv master, and ours "
+        "(`python -m tp_store`) on asyncio's loop and on uvloop. PyTorch's C++ client costs "
+        "the server's side little, so its columns show the servers' speed. Clients are "
+        "worker processes started once, each keeping a connection to every server; the "
+        f"aggregate runs {matrix['workloads'][-1].get('processes', 'many')} client processes at "
+        "once on one counter. "
+        f"Each of the {matrix['repetitions']} repetitions measures every cell once "
+        f"({matrix['seconds']:g} s for one client, {matrix['aggregate_seconds']:g} s for the "
+        "aggregate), in an order rotated between repetitions; the tables show medians, with "
+        "the ratio to PyTorch's client against PyTorch's server in parentheses. A `get` of "
+        "PyTorch's client, and of ours against PyTorch's server, is two requests (WAIT, "
+        "then GET); ours against ours is one (WAIT_GET).\n",
+    ]
+    for value, title in (
+        ("rate", "Calls per second, median of the repetitions (higher is better)"),
+        (
+            "best_rate",
+            "Calls per second, best repetition: on a loaded machine the rate of a repetition "
+            "is high or low with what else runs, so the best is closest to what the code can do",
+        ),
+        ("server_cpu_us", "Server CPU microseconds per call, all its threads (lower is better)"),
+        ("client_cpu_us", "Client CPU microseconds per call, all its processes (lower is better)"),
+    ):
+        header, rows = matrix_table(matrix, value)
+        out.append(f"{title}:\n")
+        out.append(
+            markdown_table(
+                [escape(h) for h in header],
+                [[escape(c) for c in row] for row in rows],
+                "l" + "r" * (len(header) - 1),
+            )
+            + "\n"
+        )
+    loads = matrix.get("load_average_per_repetition") or []
+    if loads:
+        shown = ", ".join("/".join(f"{v:g}" for v in load) for load in loads if load)
+        out.append(f"Load average (1/5/15 min) at each repetition: {shown}.\n")
+    return "\n".join(out)
+
+
 def tick_label(name: str) -> str:
     """A metric name on two lines: the operation, then how many clients."""
     return name.replace(" (", "\n(")
@@ -600,18 +689,23 @@ def page(store: Run | None, rdzv: Run | None, alts: dict[str, str]) -> str:
     if store is None:
         add("Not run yet: `python benchmarks/store_bench.py` writes its results.\n")
     else:
-        add(f"![{escape(alts[STORE_PNG])}]({STORE_PNG})\n")
-        add(
-            "Both clients talk to a server running alone in another process (ours: "
-            "`python -m tp_store`, on uvloop when installed; PyTorch: a libuv master). "
-            "Single-client rates are the best of several one-second rounds with the operations "
-            "interleaved; `add (N processes)` is the aggregate rate of N client processes on "
-            "one counter; a storm is N clients connecting, adding and waiting for the last; "
-            "RSS is the server's with 1000 idle connections.\n"
-        )
-        add(results_table(store) + "\n")
-        add(f"Configuration: {escape(config_line(store))}.\n")
-        add(notes_block(store))
+        if "matrix" in store.data:
+            add(matrix_section(store).replace("{alt}", escape(alts[MATRIX_PNG])))
+        if store.rows:
+            if "matrix" in store.data:
+                add("### Single operations, many processes, storms and memory\n")
+            add(f"![{escape(alts[STORE_PNG])}]({STORE_PNG})\n")
+            add(
+                "Both clients talk to a server running alone in another process (ours: "
+                "`python -m tp_store`, on uvloop when installed; PyTorch: a libuv master). "
+                "Single-client rates are the best of several one-second rounds with the operations "
+                "interleaved; `add (N processes)` is the aggregate rate of N client processes on "
+                "one counter; a storm is N clients connecting, adding and waiting for the last; "
+                "RSS is the server's with 1000 idle connections.\n"
+            )
+            add(results_table(store) + "\n")
+            add(f"Configuration: {escape(config_line(store))}.\n")
+            add(notes_block(store))
 
     add("## The machine\n")
     if runs:
@@ -671,8 +765,12 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
             alts[SPREAD_PNG] = plot_spread(rdzv, out_dir / SPREAD_PNG)
             written.append(out_dir / SPREAD_PNG)
     if store is not None:
-        alts[STORE_PNG] = plot_store(store, out_dir / STORE_PNG)
-        written.append(out_dir / STORE_PNG)
+        if store.rows:
+            alts[STORE_PNG] = plot_store(store, out_dir / STORE_PNG)
+            written.append(out_dir / STORE_PNG)
+        if "matrix" in store.data:
+            alts[MATRIX_PNG] = plot_matrix(store, out_dir / MATRIX_PNG)
+            written.append(out_dir / MATRIX_PNG)
     (out_dir / PAGE).write_text(page(store, rdzv, alts))
     written.append(out_dir / PAGE)
     return written

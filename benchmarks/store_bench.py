@@ -55,6 +55,7 @@ from typing import Any, Protocol
 
 from hostinfo import host_info, load_average
 from metrics import Metric, format_table
+from store_matrix import TORCH_SERVER, MatrixConfig, format_matrix, run_matrix
 
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
@@ -140,7 +141,7 @@ def start_server(impl: str, timeout: float) -> Server:
     if impl == "ours":
         command = [sys.executable, "-m", "tp_store", "--host", "127.0.0.1", "--port", "0"]
     else:
-        command = [sys.executable, str(Path(__file__).resolve()), "--serve-torch"]
+        command = [sys.executable, str(TORCH_SERVER)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=child_env())
     stdout = proc.stdout
     assert stdout is not None
@@ -156,25 +157,6 @@ def start_server(impl: str, timeout: float) -> Server:
         proc.kill()
         raise RuntimeError(f"{impl} server printed {line!r}")
     return Server(impl, proc, match["v6"] or match["v4"], int(match["port"]))
-
-
-def serve_torch() -> None:
-    """The torch server process: a libuv master, alone, until SIGTERM/SIGINT."""
-    import torch.distributed as dist
-
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    master = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        use_libuv=True,
-        timeout=timedelta(seconds=3600),
-    )
-    print(f"listening on 127.0.0.1:{master.port}", flush=True)
-    stop.wait()
 
 
 def make_client(impl: str, host: str, port: int, timeout: float) -> StoreClient:
@@ -550,15 +532,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--add-processes", type=int, help="processes in the add scenario")
     parser.add_argument("--storm-processes", type=int, help="processes sharing a storm")
     parser.add_argument("--idle", type=int, help="idle connections for the RSS scenario")
-    parser.add_argument("--serve-torch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compiled",
+        type=Path,
+        help="a directory holding a mypyc build of tp_store: the matrix measures it too",
+    )
+    parser.add_argument("--matrix-repetitions", type=int, help="repetitions of the matrix")
+    parser.add_argument("--matrix-processes", type=int, help="processes of the matrix aggregate")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-matrix", action="store_true", help="skip the client x server matrix")
+    which.add_argument("--matrix-only", action="store_true", help="the matrix only")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.serve_torch:
-        serve_torch()
-        return 0
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]  # for spawned clients too
     sys.path[:0] = [p for p in os.environ["PYTHONPATH"].split(os.pathsep) if p]
@@ -580,15 +568,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.idle:
         config.idle_connections = args.idle
     impls = [args.only] if args.only else list(IMPLS)
+    matrix_config = MatrixConfig(compiled=args.compiled, timeout=args.timeout)
+    if args.quick:
+        matrix_config.repetitions = 3
+        matrix_config.seconds = 0.2
+        matrix_config.aggregate_seconds = 0.5
+        matrix_config.processes = 4
+    if args.matrix_repetitions:
+        matrix_config.repetitions = args.matrix_repetitions
+    if args.matrix_processes:
+        matrix_config.processes = args.matrix_processes
 
-    metrics = new_metrics(config)
+    metrics = new_metrics(config) if not args.matrix_only else {}
     host = host_info()
     started = time.monotonic()
-    print(f"running {' and '.join(impls)}, side by side ...", flush=True)
-    run_side_by_side(impls, config, metrics)
-    table = format_table(list(metrics.values()))
-    print()
-    print(table)
+    matrix = None
+    if not args.no_matrix and not args.only:  # the matrix needs both sides
+        print("running the client x server matrix ...", flush=True)
+        matrix = run_matrix(matrix_config)
+    if metrics:
+        print(f"running {' and '.join(impls)}, side by side ...", flush=True)
+        run_side_by_side(impls, config, metrics)
+    if matrix is not None:
+        print()
+        print(format_matrix(matrix))
+    if metrics:
+        print()
+        print(format_table(list(metrics.values())))
 
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -600,6 +606,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "metrics": [m.to_json() for m in metrics.values()],
     }
+    if matrix is not None:
+        report["matrix"] = matrix
+        if args.compiled:
+            report["versions"]["tp_store (mypyc build)"] = str(args.compiled)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nsaved {args.out}")

@@ -231,8 +231,8 @@ def parse_replies(expected: Sequence[tuple[ReplyKind, int]], pieces: Sequence[by
 # Strategies: requests from the codec's own layout table, then mutations
 # ---------------------------------------------------------------------------
 
-_LAYOUTS: dict[int, tuple[type[Request], tuple[Any, ...]]] = protocol._LAYOUTS
-_Field = protocol._Field
+_LAYOUTS: dict[int, tuple[type[Request], tuple[Any, ...]]] = protocol.LAYOUTS
+_Field = protocol.Field
 
 
 def _key(limit: int) -> st.SearchStrategy[bytes]:

@@ -30,7 +30,7 @@ def office(server: TCPStore) -> Iterator[StewardOffice]:
     store = server.clone()
     board = RendezvousBoard(store, RUN)
     holder = _RendezvousStateHolder(TpRendezvousBackend(store, RUN), RUN)
-    office = StewardOffice(NODE, SETTINGS, board, store, holder)
+    office = StewardOffice(NODE, SETTINGS, board, holder)
     yield office
     office.stop()
     store.close()

@@ -1198,14 +1198,14 @@ def test_a_request_arriving_in_pieces_is_never_rescanned(monkeypatch: pytest.Mon
     parser.feed(Validate().encode())
     assert isinstance(next(parser), Validate)
     reads = 0
-    real_blob = RequestParser._blob
+    real_check = RequestParser._check_blob  # called on every length prefix read
 
-    def counting_blob(self: RequestParser, *args: Any) -> bytes:
+    def counting_check(self: RequestParser, *args: Any) -> None:
         nonlocal reads
         reads += 1
-        return real_blob(self, *args)
+        real_check(self, *args)
 
-    monkeypatch.setattr(RequestParser, "_blob", counting_blob)
+    monkeypatch.setattr(RequestParser, "_check_blob", counting_check)
     pieces = range(0, len(frame), 64)
     parsed: list[Request] = []
     for offset in pieces:

@@ -308,7 +308,7 @@ def test_a_flooder_that_never_reads_holds_bounded_memory(
                 transport = connection._transport
                 if transport is not None:
                     total += transport.get_write_buffer_size()
-                total += connection._parser.buffered
+                total += connection._session.buffered
             return total
 
         return thread.call(measure)

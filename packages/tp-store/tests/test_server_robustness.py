@@ -78,7 +78,7 @@ class Server:
 
     def buffered(self) -> list[int]:
         """Bytes each connection has received but not parsed yet."""
-        return self.on_loop(lambda: [c._parser.buffered for c in self.store.connections])
+        return self.on_loop(lambda: [c._session.buffered for c in self.store.connections])
 
     def waiters_on(self, key: bytes) -> int:
         return self.on_loop(lambda: len(self.store.state._waiters.get(key, ())))

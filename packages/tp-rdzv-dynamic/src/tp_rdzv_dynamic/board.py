@@ -38,17 +38,6 @@ class RendezvousBoard:
         self.run_id = run_id
         self.keys = RunLayout(run_id)
 
-    @classmethod
-    def on_new_connection(cls, store: Store, run_id: str) -> RendezvousBoard:
-        """A board of ``run_id`` on a new connection to ``store`` (``store.clone()``)."""
-        try:
-            clone = store.clone()
-        except StoreError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {run_id!r}: opening a connection: {exc}"
-            ) from exc
-        return cls(clone, run_id)
-
     @contextmanager
     def _store_errors(self, what: str) -> Iterator[None]:
         try:
@@ -61,6 +50,11 @@ class RendezvousBoard:
     def _call(self, what: str, operation: Callable[[], _T]) -> _T:
         with self._store_errors(what):
             return operation()
+
+    def clone(self, what: str) -> RendezvousBoard:
+        """A board on a new connection of its own to the same store, for ``what``."""
+        with self._store_errors(f"opening {what}"):
+            return RendezvousBoard(self.store.clone(), self.run_id)
 
     # -- what every node does -------------------------------------------------
     def beat(self, node: _NodeDesc) -> None:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import time
 
-from tp_rdzv_api import RendezvousTimeoutError
+from tp_rdzv_api import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousTimeoutError,
+)
 
 from .board import RendezvousBoard
 from .decisions import Close, apply
@@ -53,3 +58,13 @@ def close_run(
         board.mark_stale(state.round)
     board.close()
     return state.round
+
+
+def closed_error(node: _NodeDesc, run_id: str, holder: _RendezvousStateHolder) -> RendezvousError:
+    """What ``node`` raises on finding the run closed: a spare leaves gracefully, others fail."""
+    state, _ = holder.load()
+    if node in state.redundancy_list:
+        return RendezvousGracefulExitError(
+            f"the rendezvous {run_id!r} closed while {node} was a spare"
+        )
+    return RendezvousClosedError(f"the rendezvous {run_id!r} is closed")

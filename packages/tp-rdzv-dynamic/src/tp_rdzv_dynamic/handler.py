@@ -14,9 +14,7 @@ import time
 from datetime import timedelta
 
 from tp_rdzv_api import (
-    RendezvousClosedError,
     RendezvousError,
-    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousStateError,
@@ -28,9 +26,8 @@ from .arguments import check_arguments
 from .backend import RendezvousBackend
 from .board import RendezvousBoard
 from .bootstrap import BootstrapServer, await_bootstrap_info
-from .closing import close_run
+from .closing import close_run, closed_error
 from .decisions import Join
-from .documents import decode_liveness
 from .events import log_event
 from .heartbeats import Heartbeats, JoinTicks
 from .holder import _RendezvousStateHolder
@@ -38,8 +35,8 @@ from .node import _NodeDesc, _NodeDescGenerator
 from .office import StewardOffice
 from .rollback import roll_back_join
 from .settings import RendezvousSettings
-from .state import RendezvousState, RoundOutcome
-from .status import RendezvousStatus, build_status
+from .state import RoundOutcome
+from .status import RendezvousStatus, observe_run
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +96,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._hint = args.node_rank
         self._board = RendezvousBoard(args.store, args.settings.run_id)
         self._tick = args.settings.keep_alive_interval.total_seconds()
-        self._office = StewardOffice(args.node, args.settings, self._board, args.store, args.holder)
+        self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
         self._heartbeats = Heartbeats(self._board, args.node, self._tick)
-        self._ticks = JoinTicks(
-            args.settings.run_id, args.node, self._office, args.store, self._tick
-        )
+        self._ticks = JoinTicks(self._board, args.node, self._office, self._tick)
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
@@ -256,7 +251,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if outcome.error is not None:
                     raise RendezvousStateError(outcome.error)
                 if outcome.closed:
-                    raise self._closed_error()
+                    raise closed_error(node, self.get_run_id(), self._holder)
                 rank = outcome.ranks.get(node)
                 if rank is not None:
                     return outcome, rank
@@ -285,7 +280,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return True
         if self._watcher is None:
-            self._watcher = RendezvousBoard.on_new_connection(self._store, self.get_run_id())
+            self._watcher = self._board.clone("a watch connection")
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
@@ -301,18 +296,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Read-only: it neither joins nor creates keys. A run with nothing stored
         reads as round 0 with no nodes, and ``exists`` false.
         """
-        state = self._holder.observe()
-        lease, liveness = self._board.observe()
-        ages = {} if liveness is None else decode_liveness(liveness, "the liveness key")
-        exists = state is not None or lease is not None
-        return build_status(
-            self.get_run_id(),
-            self._backend_name,
-            state or RendezvousState(),
-            lease,
-            ages,
-            exists=exists,
-        )
+        return observe_run(self._backend_name, self._holder, self._board)
 
     def set_closed(self) -> None:
         """Mark the rendezvous closed; new joiners are rejected.
@@ -363,15 +347,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             round_=self._round if round_ is None else round_,
             duration=duration,
         )
-
-    def _closed_error(self) -> RendezvousError:
-        """Spares leave gracefully when the rendezvous closes; everyone else is refused."""
-        state, _ = self._holder.load()
-        if self._node in state.redundancy_list:
-            return RendezvousGracefulExitError(
-                f"the rendezvous {self.get_run_id()!r} closed while {self._node} was a spare"
-            )
-        return RendezvousClosedError(f"the rendezvous {self.get_run_id()!r} is closed")
 
     # -- after a round ----------------------------------------------------------------
     def _round_info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo | None:

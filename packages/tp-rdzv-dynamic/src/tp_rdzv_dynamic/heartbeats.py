@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousError
-from tp_store import Store
 
 from .board import RendezvousBoard
 from .decisions import Join
@@ -151,27 +150,22 @@ class JoinTicks:
     of a process doing so fought for the GIL.
 
     Args:
-        run_id: the run.
+        board: the node's board; the ticks use a clone of it (at the first tick).
         node: this node.
         office: the node's steward office (used from the ticks only while waiting).
-        store: the store the ticks' connection is cloned from (at the first tick).
         interval: the keep-alive interval.
     """
 
     def __init__(
         self,
-        run_id: str,
+        board: RendezvousBoard,
         node: _NodeDesc,
         office: StewardOffice,
-        store: Store,
         interval: float,
     ) -> None:
-        self._run_id = run_id
+        self._node_board = board
         self._node = node
         self._office = office
-        # The store, not a handler method: no reference cycle keeps a handler
-        # (and its connections) alive past its last use.
-        self._store = store
         self._interval = interval
         self._board: RendezvousBoard | None = None
         self._lock = threading.Lock()  # the join asked for, and the office while a tick uses it
@@ -210,7 +204,7 @@ class JoinTicks:
         round_ = -1
         try:
             if self._board is None:
-                self._board = RendezvousBoard.on_new_connection(self._store, self._run_id)
+                self._board = self._node_board.clone("the ticks' connection")
             board = self._board
             board.beat(self._node)
             with self._lock:
@@ -220,7 +214,7 @@ class JoinTicks:
                 self._office.watch(time.monotonic(), rejoin=self._join, board=board)
         except RendezvousError as exc:
             # The node's own wait meets the same store, and fails or times out.
-            _warn(self._run_id, self._node, round_, f"a tick failed: {exc}")
+            _warn(self._node_board.run_id, self._node, round_, f"a tick failed: {exc}")
 
 
 def _warn(run_id: str, node: _NodeDesc, round_: int, message: str) -> None:

@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from tp_rdzv_api import RendezvousConnectionError
-from tp_store import Store, StoreError
-
 from .board import RendezvousBoard
 from .decisions import Join
 from .documents import Lease
@@ -79,15 +76,12 @@ class Tenure:
 class StewardOffice:
     """This node's view of the steward lease, and its steward thread while it holds it.
 
-    Not thread-safe: the handler's calls come from the agent's thread, and
-    while it waits for a round from its ticks (:class:`~.heartbeats.JoinTicks`),
-    one at a time, on the ticks' own board.
+    Not thread-safe: the handler's calls come from the agent's thread.
 
     Args:
         node: this node.
         settings: the run's settings.
-        board: the node's board (the steward gets a connection of its own).
-        store: the store the steward's connection is cloned from.
+        board: the node's board (the steward gets a clone: a connection of its own).
         holder: the state holder the steward's is cloned from.
     """
 
@@ -96,13 +90,11 @@ class StewardOffice:
         node: _NodeDesc,
         settings: RendezvousSettings,
         board: RendezvousBoard,
-        store: Store,
         holder: _RendezvousStateHolder,
     ) -> None:
         self._node = node
         self._settings = settings
         self._board = board
-        self._store = store
         self._holder = holder
         self._bound = settings.liveness_bound.total_seconds()
         self._steward: Steward | None = None
@@ -129,9 +121,8 @@ class StewardOffice:
 
         ``now`` is this host's monotonic time. If a new steward took office
         since ``rejoin`` was last posted, it is posted again: what the old one
-        took from the mailbox but did not persist is lost with it. ``board``:
-        the connection to use, by default the node's. Returns the lease as it
-        stands afterwards.
+        took from the mailbox but did not persist is lost with it. Returns the
+        lease as it stands afterwards.
         """
         board = board or self._board
         lease = board.read_lease()
@@ -156,10 +147,7 @@ class StewardOffice:
         return lease
 
     def stop(self, waker: RendezvousBoard | None = None) -> None:
-        """Stop this node's steward thread, if any; it hands the lease back vacant.
-
-        ``waker``: a board whose connection no wait holds (by default the node's).
-        """
+        """Stop this node's steward thread, if any; it hands the lease back vacant."""
         if self._steward is not None:
             self._steward.stop(waker=waker or self._board)
             self._steward = None
@@ -179,15 +167,9 @@ class StewardOffice:
             self._note(winner, now)
             return winner
         self.stop(board)
-        try:
-            store = self._store.clone()
-        except StoreError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {self._board.run_id!r}: opening the steward's connection: {exc}"
-            ) from exc
-        own = RendezvousBoard(store, self._board.run_id)
-        tenure = Tenure(own, self._node.key, desired)
-        steward = Steward(self._node, self._settings, own, self._holder.clone(), tenure)
+        board = self._board.clone("the steward's connection")
+        tenure = Tenure(board, self._node.key, desired)
+        steward = Steward(self._node, self._settings, board, self._holder.clone(), tenure)
         steward.start()
         self._steward = steward
         taken = Lease.parse(desired)

@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .documents import Lease
+from .board import RendezvousBoard
+from .documents import Lease, decode_liveness
+from .holder import _RendezvousStateHolder
 from .node import _NodeDesc
 from .state import RendezvousState
 
@@ -105,4 +107,20 @@ def build_status(
         steward=(lease.holder or None) if lease is not None else None,
         steward_epoch=lease.epoch if lease is not None else 0,
         exists=exists,
+    )
+
+
+def observe_run(
+    backend: str, holder: _RendezvousStateHolder, board: RendezvousBoard
+) -> RendezvousStatus:
+    """The snapshot of ``holder``'s run as stored now; reads only, creates no key.
+
+    A run with nothing stored reads as round 0 with no nodes, and ``exists`` false.
+    """
+    state = holder.observe()
+    lease, liveness = board.observe()
+    ages = {} if liveness is None else decode_liveness(liveness, "the liveness key")
+    exists = state is not None or lease is not None
+    return build_status(
+        board.run_id, backend, state or RendezvousState(), lease, ages, exists=exists
     )

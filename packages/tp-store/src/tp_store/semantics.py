@@ -29,11 +29,14 @@ def int_argument(value: object, what: str, low: int = INT64_MIN, high: int = INT
     ``bool`` is refused: ``True`` is never meant as a count), and
     ``ValueError`` naming ``what`` and the range when it is outside.
     """
-    if isinstance(value, bool):
+    if type(value) is int:  # the common case, without the slow protocol check
+        number = value
+    elif isinstance(value, bool):
         raise TypeError(f"{what} must be an int, got the bool {value}")
-    if not isinstance(value, SupportsIndex):
+    elif not isinstance(value, SupportsIndex):
         raise TypeError(f"{what} must be an int, got {type(value).__name__} {reprlib.repr(value)}")
-    number = operator.index(value)
+    else:
+        number = operator.index(value)
     if not low <= number <= high:
         bounds = "the signed 64-bit range" if (low, high) == (INT64_MIN, INT64_MAX) else "range"
         # str() of an int over 4300 digits raises: show its size instead.

@@ -1,8 +1,10 @@
-"""The TCPStore server: a thin asyncio layer around the codec and the state.
+"""The TCPStore server: a thin asyncio layer around the sessions and the state.
 
-Each connection parses its byte stream with :class:`~tp_store.protocol.RequestParser`
-and applies requests to one shared :class:`~tp_store.state.StoreState`. Anything
-malformed closes that connection only, with a log line. Names are never
+Each connection is a :class:`~tp_store.protocol.ServerSession` (the protocol's
+rules, without I/O) applying requests to one shared
+:class:`~tp_store.state.StoreState`; this module feeds it bytes and writes its
+replies, once per turn. Anything malformed closes that connection only, with
+a log line. Names are never
 resolved on the accept path, so bursts of connections are not stalled by DNS.
 
 The server counts what it does (:meth:`StoreServer.stats`, and the ``STATS``
@@ -48,57 +50,20 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 from .__about__ import __version__
-from .errors import ProtocolError, StoreLimitError
 from .protocol import (
     CONNECTION_REFUSED,
-    EXTENSION_ACCEPT,
-    EXTENSION_ACCEPT_AUTH,
-    EXTENSION_OFFER,
     STATS_SCHEMA,
-    Add,
-    Append,
-    AuthChallenge,
-    AuthProof,
-    Barrier,
-    CancelWait,
-    Check,
-    CheckReply,
-    CompareSet,
-    DeleteKey,
-    Get,
-    GetNumKeys,
+    AuthRefused,
     Limits,
-    ListKeys,
-    MultiGet,
-    MultiSet,
     Opcode,
-    Ping,
-    QueueLen,
-    QueuePop,
-    QueuePush,
-    Request,
     RequestBeforeAuthentication,
-    RequestParser,
-    ServerAuthenticator,
+    ServerSession,
     ServerStats,
-    Set,
-    Stats,
-    Validate,
-    Wait,
-    WaitGet,
-    WaitReply,
+    Turn,
     check_secret,
-    encode_bytes,
-    encode_i64,
-    encode_key_list,
-    encode_queue_pop,
-    encode_stats,
-    encode_u8,
     encode_u32,
-    encode_values,
-    encode_wait_get,
 )
-from .state import BarrierWaiter, StoreState, Waiter
+from .state import StoreState
 
 log = logging.getLogger("tp_store.server")
 
@@ -120,22 +85,6 @@ _REFUSAL_LOG_INTERVAL = 1.0
 #: are counted and summed up in one line.
 _BAD_CONNECTION_LOG_LINES = 20
 _BAD_CONNECTION_LOG_INTERVAL = 1.0
-#: Requests a connection is served in one turn of the event loop before the
-#: others get theirs: no client can starve the rest by pipelining.
-_REQUESTS_PER_TURN = 64
-#: Requests a connection may send before it has authenticated to a server
-#: with a secret (our client needs four: VALIDATE, PING, the exchange).
-_REQUESTS_BEFORE_AUTH = 16
-#: Bytes a parked wait is counted for besides its keys (the waiter and its
-#: entries in the state's tables).
-_PARKED_KEY_OVERHEAD = 128
-
-_STOP_WAITING = encode_u8(WaitReply.STOP_WAITING)
-_WAIT_CANCELED = encode_u8(WaitReply.WAIT_CANCELED)
-_READY = encode_u8(CheckReply.READY)
-_NOT_READY = encode_u8(CheckReply.NOT_READY)
-_EXTENSIONS_ACCEPTED = encode_u32(EXTENSION_ACCEPT)
-_EXTENSIONS_ACCEPTED_AUTH = encode_u32(EXTENSION_ACCEPT_AUTH)
 _REFUSED = encode_u32(CONNECTION_REFUSED)
 
 _T = TypeVar("_T")
@@ -177,10 +126,6 @@ class _Counters:
         self.ops = [0] * 256
 
 
-class _AuthRefused(Exception):
-    """A connection failed or skipped authentication (it is closed)."""
-
-
 class _LogThrottle:
     """At most ``lines`` log lines per ``interval`` seconds; the rest are counted
     and reported in one summary line when the next interval begins."""
@@ -220,33 +165,32 @@ class _LogThrottle:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: parse, apply, reply."""
+    """One client connection: the I/O around its :class:`~tp_store.protocol.ServerSession`.
+
+    It feeds the session what arrives, writes what the session replies (once
+    per turn), and keeps what only I/O knows: timeouts, paused writing, the
+    bytes held for the memory budget, closing.
+    """
 
     def __init__(self, server: StoreServer) -> None:
         self._server = server
-        self._state = server.state
         self._counters = server._counters
-        # Whether requests other than the handshake and authentication may be
-        # served: at once without a secret, after a good proof with one.
-        self._admitted = server.secret is None
-        # Until admitted, the parser refuses every other request from its
-        # header, and anything over a few hundred bytes from its length.
-        self._parser = RequestParser(server.limits, authenticated=self._admitted)
-        self._requests_before_auth = _REQUESTS_BEFORE_AUTH
+        self._session = ServerSession(
+            server.state,
+            server.limits,
+            secret=server.secret,
+            stats=server.stats,
+            ops=server._counters.ops,
+            woken=self._woken,
+        )
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self._opened = time.monotonic()
         self._close_reason = ""
-        self._pending: Waiter | BarrierWaiter | None = None
-        self._pending_bytes = 0  # what the parked wait is counted for in the memory budget
         self._writing_paused = False
         self._unread = 0  # reply bytes counted in the memory budget since writing paused
-        self._buffered = 0  # request bytes counted in the memory budget
+        self._counted = 0  # request bytes and parked wait counted in the memory budget
         self._deferred = False  # its turn is over; the rest is served on the next one
-        # Set once the client offers the extensions in a PING: STATS is refused
-        # before, as on a PyTorch server, which does not know the opcode.
-        self._extended = False
-        self._auth: ServerAuthenticator | None = None
         # time.monotonic() when the request being received began (0: none).
         # Until admitted, the connection's opening: the handshake and the
         # authentication must be done within the request timeout too,
@@ -260,7 +204,7 @@ class _Connection(asyncio.Protocol):
     @property
     def parked(self) -> bool:
         """Whether this connection waits in WAIT, WAIT_GET or BARRIER."""
-        return self._pending is not None
+        return self._session.parked
 
     def recount(self) -> int:
         """Bytes the server holds for this connection now (its request being
@@ -269,7 +213,17 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if self._writing_paused and transport is not None:
             self._unread = transport.get_write_buffer_size()
-        return self._buffered + self._unread + self._pending_bytes
+        session = self._session
+        self._counted = session.buffered + session.pending_bytes
+        return self._counted + self._unread
+
+    def _recount_session(self) -> None:
+        """Count what the session holds now in the memory budget."""
+        session = self._session
+        held = session.buffered + session.pending_bytes
+        if held != self._counted:
+            self._server.hold(held - self._counted)
+            self._counted = held
 
     # -- asyncio callbacks ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -320,7 +274,7 @@ class _Connection(asyncio.Protocol):
         if self._closed:
             return
         self._counters.bytes_received += len(data)
-        self._parser.feed(data)
+        self._session.receive(data)
         self._serve()
 
     def pause_writing(self) -> None:
@@ -343,54 +297,70 @@ class _Connection(asyncio.Protocol):
             self._serve()
 
     def _serve(self) -> None:
-        """Apply the buffered requests until they run out, the client stops
-        reading, or its turn is over."""
+        """Serve the buffered requests until they run out, the client stops
+        reading, or its turn is over; their replies go out in one write."""
         transport = self._transport
         if transport is None or self._closed:
             return
-        counters = self._counters
-        ops = counters.ops
-        parser = self._parser
-        served = 0
+        session = self._session
         try:
-            for request in parser:
-                served += 1
-                ops[request.opcode] += 1
-                reply = self._apply(request)
-                if reply:
-                    # Counted before it is sent: a client that has read a reply
-                    # finds it in the totals.
-                    counters.bytes_sent += len(reply)
-                    transport.write(reply)
-                if self._writing_paused:
+            turn = session.serve()
+            served = session.served
+            while True:
+                if session.outbox:
+                    self._flush(transport)
+                if turn is not Turn.FLUSH or self._writing_paused:
                     break
-                if served == _REQUESTS_PER_TURN:
-                    if parser.buffered:
-                        self._defer(transport)
-                    break
-        except RequestBeforeAuthentication as exc:
-            counters.auth_failures += 1
-            self.close(f"{exc}", action="auth_refused")
+                turn = session.serve()
+                served += session.served
+        except (RequestBeforeAuthentication, AuthRefused) as exc:
+            self._fail(transport, exc, "auth_refused")
             return
         except (ValueError, OverflowError) as exc:  # ProtocolError, a limit, or a bad ADD
-            counters.protocol_errors += 1
-            self.close(f"{exc}")
+            self._fail(transport, exc, "protocol_error")
             return
-        except _AuthRefused as exc:
-            counters.auth_failures += 1
-            self.close(f"{exc}", action="auth_refused")
-            return
-        buffered = parser.buffered
-        if buffered != self._buffered:
-            self._server.hold(buffered - self._buffered)
-            self._buffered = buffered
-        if self._admitted:
+        if turn is Turn.YIELD:
+            self._defer(transport)
+        buffered = session.buffered
+        if buffered or self._counted or session.pending_bytes:
+            self._recount_session()
+        if session.admitted:
             # The request timeout runs from the first byte of a request: a
             # client that trickles bytes cannot reset it by sending more.
             if not buffered:
                 self._partial_since = 0.0
             elif served or not self._partial_since:
                 self._partial_since = time.monotonic()
+
+    def _flush(self, transport: asyncio.Transport) -> None:
+        """Write what the session replied, in one go."""
+        outbox = self._session.outbox
+        data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+        outbox.clear()
+        # Counted before it is sent: a client that has read a reply finds it in the totals.
+        self._counters.bytes_sent += len(data)
+        transport.write(data)
+
+    def _fail(self, transport: asyncio.Transport, exc: Exception, action: str) -> None:
+        """Close after a request the session refused; what it replied before goes out first."""
+        if self._session.outbox:
+            self._flush(transport)
+        if action == "auth_refused":
+            self._counters.auth_failures += 1
+        else:
+            self._counters.protocol_errors += 1
+        self.close(f"{exc}", action=action)
+
+    def _woken(self, error: Exception | None) -> None:
+        """The session's parked wait was answered from another connection's request."""
+        transport = self._transport
+        if transport is None or self._closed:
+            return
+        if error is not None:
+            self._fail(transport, error, "protocol_error")
+            return
+        self._flush(transport)
+        self._recount_session()
 
     def _defer(self, transport: asyncio.Transport) -> None:
         """End this connection's turn: the rest of what it sent waits for the next one."""
@@ -412,7 +382,7 @@ class _Connection(asyncio.Protocol):
         the server holds requests back from an authenticated client that does
         not read: it is paused, not slow)."""
         started = self._partial_since
-        return 0.0 < started < since and not (self._writing_paused and self._admitted)
+        return 0.0 < started < since and not (self._writing_paused and self._session.admitted)
 
     def close(
         self, reason: str, level: int = logging.WARNING, action: str = "protocol_error"
@@ -457,156 +427,9 @@ class _Connection(asyncio.Protocol):
         if not self._closed:
             self._closed = True
             self._server.connections.discard(self)
-            self._drop_pending()
-            self._server.hold(-self._buffered - self._unread)
-            self._buffered = self._unread = 0
-            self._parser = RequestParser(self._server.limits)  # its buffer is garbage now
-
-    # -- requests -----------------------------------------------------------------
-    def _apply(self, request: Request) -> bytes | None:
-        if self._pending is not None and not isinstance(request, CancelWait):
-            raise ProtocolError(f"{type(request).__name__} sent while a wait is pending")
-        if not self._admitted:
-            # The parser lets only the handshake and the exchange through.
-            self._requests_before_auth -= 1
-            if self._requests_before_auth < 0:
-                raise _AuthRefused(
-                    f"more than {_REQUESTS_BEFORE_AUTH} requests sent before authenticating"
-                )
-        state = self._state
-        match request:
-            case Get(key=key):
-                return encode_bytes(state.get(key))
-            case Add(key=key, delta=delta):
-                return encode_i64(state.add(key, delta))
-            case Set(key=key, value=value):
-                state.set(key, value)
-                return None
-            case WaitGet(keys=keys):
-                if self._park(keys, self._wake_with_values):
-                    return encode_wait_get(self._bounded(state.multi_get(keys)))
-                return None
-            case CompareSet(key=key, expected=expected, desired=desired):
-                return encode_bytes(state.compare_set(key, expected, desired))
-            case Wait(keys=keys):
-                return _STOP_WAITING if self._park(keys, self._wake) else None
-            case Check(keys=keys):
-                return _READY if state.check(keys) else _NOT_READY
-            case MultiGet(keys=keys):
-                return encode_values(self._bounded(state.multi_get(keys)))
-            case MultiSet(items=items):
-                state.multi_set(items)
-                return None
-            case Append(key=key, value=value):
-                state.append(key, value)
-                return None
-            case DeleteKey(key=key):
-                return encode_i64(int(state.delete(key)))
-            case GetNumKeys():
-                return encode_i64(state.num_keys())
-            case CancelWait():
-                self._drop_pending()
-                return _WAIT_CANCELED
-            case Ping(nonce=nonce):
-                if nonce == EXTENSION_OFFER:
-                    self._extended = True
-                    return _EXTENSIONS_ACCEPTED if self._admitted else _EXTENSIONS_ACCEPTED_AUTH
-                return encode_u32(nonce)
-            case QueuePush(key=key, value=value):
-                state.queue_push(key, value)
-                return None
-            case QueuePop(key=key):
-                return encode_queue_pop(*state.queue_pop(key))
-            case QueueLen(key=key):
-                return encode_i64(state.queue_len(key))
-            case ListKeys():
-                return encode_key_list(self._bounded(state.list_keys()))
-            case Barrier(key=key, world_size=world_size):
-                barrier = BarrierWaiter(key, world_size, self._wake)
-                if state.barrier(barrier):
-                    return _STOP_WAITING
-                self._pending = barrier
-                return None
-            case Stats():
-                if not self._extended:
-                    raise ProtocolError("STATS sent before the protocol extensions were offered")
-                return encode_stats(self._server.stats())
-            case Validate():
-                return None
-            case AuthChallenge(nonce=nonce):
-                if not self._extended:
-                    raise ProtocolError(
-                        "AUTH_CHALLENGE sent before the protocol extensions were offered"
-                    )
-                if self._auth is None:
-                    self._auth = ServerAuthenticator(self._server.secret)
-                return encode_bytes(self._auth.challenge(nonce))
-            case AuthProof(proof=proof):
-                if self._auth is None:
-                    raise ProtocolError("AUTH_PROOF sent before AUTH_CHALLENGE")
-                server_proof = self._auth.check(proof)
-                if server_proof is None:
-                    # Tell the client before closing, so it can say why it failed.
-                    if self._transport is not None:
-                        self._transport.write(encode_bytes(b""))
-                    raise _AuthRefused("wrong proof of the secret (authentication failed)")
-                self._admitted = True
-                self._parser.authenticated()
-                return encode_bytes(server_proof)
-        raise ProtocolError(f"unhandled request {request!r:.80}")  # pragma: no cover
-
-    def _bounded(self, values: list[bytes]) -> list[bytes]:
-        """``values`` if a reply carrying them stays within the message limit."""
-        limit = self._server.limits.max_message_bytes
-        if sum(map(len, values)) + 8 * len(values) > limit:
-            raise StoreLimitError(
-                f"a reply of {len(values)} values would exceed the limit of {limit} bytes"
-            )
-        return values
-
-    def _park(self, keys: tuple[bytes, ...], wake: Callable[[Waiter], None]) -> bool:
-        """True if the keys exist already; else a wait stays pending until ``wake``."""
-        if self._state.check(keys):  # the common case: no waiter to build
-            return True
-        waiter = Waiter(keys, wake)
-        self._state.park(waiter)
-        self._pending = waiter
-        self._hold_pending(sum(map(len, keys)) + _PARKED_KEY_OVERHEAD * len(keys))
-        return False
-
-    def _hold_pending(self, size: int) -> None:
-        """Count the parked wait's ``size`` in the memory budget (0: none parked)."""
-        self._server.hold(size - self._pending_bytes)
-        self._pending_bytes = size
-
-    def _wake(self, waiter: Waiter | BarrierWaiter) -> None:
-        self._pending = None
-        self._hold_pending(0)
-        if self._transport is not None:
-            self._counters.bytes_sent += len(_STOP_WAITING)
-            self._transport.write(_STOP_WAITING)
-
-    def _wake_with_values(self, waiter: Waiter) -> None:
-        self._pending = None
-        self._hold_pending(0)
-        if self._transport is not None:
-            try:
-                values = self._bounded(self._state.multi_get(waiter.keys))
-            except StoreLimitError as exc:
-                self._counters.protocol_errors += 1
-                self.close(f"{exc}")
-                return
-            reply = encode_wait_get(values)
-            self._counters.bytes_sent += len(reply)
-            self._transport.write(reply)
-
-    def _drop_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        self._hold_pending(0)
-        if isinstance(pending, Waiter):
-            self._state.unpark(pending)
-        elif pending is not None:
-            self._state.leave_barrier(pending)
+            self._session.close()
+            self._server.hold(-self._counted - self._unread)
+            self._counted = self._unread = 0
 
 
 def _bind(host: str, port: int, backlog: int) -> list[socket.socket]:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from .errors import StoreLimitError
-from .semantics import compare_set_result, counter_after_add
+from .semantics import INT64_MAX, INT64_MIN, compare_set_result, counter_after_add
 
 
 class Waiter:
@@ -100,12 +100,16 @@ class StoreState:
     def add(self, key: bytes, delta: int) -> int:
         data = self.data
         old = data.get(key)
-        total = counter_after_add(key, old, delta)
-        if old is None and len(data) + self._queued >= self._max_keys:
-            self._refuse_new_entry(key)
+        # The common case, a non-negative counter, without the general checks.
+        total = int(old) + delta if old is not None and old.isdigit() else None
+        if total is None or not INT64_MIN <= total <= INT64_MAX or type(delta) is not int:
+            total = counter_after_add(key, old, delta)
+            if old is None and len(data) + self._queued >= self._max_keys:
+                self._refuse_new_entry(key)
         value = str(total).encode()
         data[key] = value
-        self._written(key, value)
+        if key in self._waiters or key in self._watches:
+            self._written(key, value)
         return total
 
     def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:

@@ -6,9 +6,13 @@ handshake PING, which makes ``get`` and ``multi_get`` one round trip; against
 a PyTorch server it speaks the plain protocol. The ``STATS`` extension reads
 the server's counters (:meth:`TCPStore.server_stats`).
 
+The protocol's rules (the handshake, the authentication, one wait at a time,
+each reply's format) are a :class:`~tp_store.protocol.ClientSession`; this
+class does the socket I/O around it.
+
 Optionally (both off by default, and both unknown to PyTorch): TLS, and a
 shared secret proved in a challenge-response right after the handshake PING
-(see :mod:`tp_store.protocol`). With a secret the client refuses any server
+(see :mod:`tp_store.protocol.auth`). With a secret the client refuses any server
 that cannot prove the same secret, PyTorch's included.
 """
 
@@ -25,6 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from .base import (
     DEFAULT_TIMEOUT,
@@ -44,17 +49,14 @@ from .errors import (
     StoreTimeoutError,
 )
 from .protocol import (
-    CONNECTION_REFUSED,
-    EXTENSION_ACCEPT,
-    EXTENSION_ACCEPT_AUTH,
-    EXTENSION_OFFER,
+    BYTES_REPLY,
+    FLAG_REPLY,
     Add,
     Append,
     Barrier,
-    CancelWait,
     Check,
     CheckReply,
-    ClientAuthenticator,
+    ClientSession,
     CompareSet,
     DeleteKey,
     Get,
@@ -67,20 +69,17 @@ from .protocol import (
     QueueLen,
     QueuePop,
     QueuePush,
-    Reply,
-    ReplyKind,
-    ReplyParser,
+    ReplyFormat,
     ServerStats,
     Set,
     Stats,
-    Validate,
     Wait,
     WaitGet,
     WaitReply,
     decode_stats,
 )
 from .security import PathLike, TLSConfig, load_secret
-from .semantics import INT64_MAX, check_multi_set, int_argument, timeout_error
+from .semantics import INT64_MAX, INT64_MIN, check_multi_set, int_argument, timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
 
 log = logging.getLogger(__name__)
@@ -108,6 +107,7 @@ _CONNECT_BACKOFF_MAX = 1.0
 
 
 _Security = tuple[TLSConfig, "bytes | None"]
+_T = TypeVar("_T")
 
 
 class _SharedServers:
@@ -199,6 +199,8 @@ def _agent_store_serves(port: int) -> bool:
 
 
 def _user_key(key: Data) -> bytes:
+    if type(key) is str:  # the common case, without the type checks
+        return USER_KEY_PREFIX + key.encode()
     return USER_KEY_PREFIX + as_bytes(key, "key")
 
 
@@ -291,8 +293,6 @@ class TCPStore(Store):
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._recv_timeout = 0.0
-        self._parser = ReplyParser()
-        self._extended = False
         self._server: ServerThread | None = None
         self._stop_server: Callable[[], object] | None = None
         self._tls = TLSConfig(tls_cert, tls_key, tls_ca, tls_client_ca)
@@ -300,10 +300,12 @@ class TCPStore(Store):
         self._ssl_context = self._client_ssl_context(is_master)
         if is_master:
             self._start_server(multi_tenant, master_listen_fd)
+        # Made once the port is known (a master's may have been picked).
+        self._session = ClientSession(self._host, self._port, self._secret)
         with self._lock:
             self._connect()
         if world_size is not None and wait_for_workers:
-            self._request(Add(INIT_KEY, 1).encode(), ReplyKind.I64)
+            self._request(Add.frame(INIT_KEY, 1), Add.reply)
             if self.server is not None:  # a master under the elastic agent has none
                 self._wait_for_workers(world_size)
 
@@ -331,7 +333,7 @@ class TCPStore(Store):
     @property
     def uses_extensions(self) -> bool:
         """Whether the server is ours and accepted the protocol extensions."""
-        return self._extended
+        return self._session.extended
 
     @property
     def server(self) -> StoreServer | None:
@@ -439,16 +441,17 @@ class TCPStore(Store):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
         self._recv_timeout = store_timeout
         self._sock = sock
-        self._parser.clear()
+        session = self._session
         try:
-            sock.sendall(Validate().encode() + Ping(EXTENSION_OFFER).encode())
-            answer = self._receive(ReplyKind.U32)
+            sock.sendall(session.hello())
+            answer = self._receive(Ping.reply)
         except (OSError, ProtocolError) as exc:
             self._disconnect()
             # A server closes here when it is at its connection limit (ours
-            # says so first, see below, but its word can be lost: a store of
-            # another make, or the connection reset before it was read) or when
-            # it wants TLS (or a client certificate) that this client lacks.
+            # says so first, see ClientSession.answered, but its word can be
+            # lost: a store of another make, or the connection reset before it
+            # was read) or when it wants TLS (or a client certificate) that
+            # this client lacks.
             tls = (
                 "does it require a client certificate (tls_cert, tls_key)?"
                 if self.uses_tls
@@ -460,36 +463,13 @@ class TCPStore(Store):
                 self._host,
                 self._port,
             ) from exc
-        if answer == CONNECTION_REFUSED:
+        try:
+            challenge = session.answered(answer)
+        except StoreConnectionError:
             self._disconnect()
-            raise StoreConnectionError(
-                f"the store at {self.endpoint} refused the connection: it is at its "
-                "connection limit (max_connections); retry later, or raise the server's "
-                "max_connections",
-                self._host,
-                self._port,
-            )
-        if answer in (EXTENSION_ACCEPT, EXTENSION_ACCEPT_AUTH):
-            self._extended = True
-        elif answer == EXTENSION_OFFER:
-            self._extended = False
-        else:
-            self._disconnect()
-            raise StoreConnectionError(
-                f"the store at {self.endpoint} answered the handshake PING with {answer!r}",
-                self._host,
-                self._port,
-            )
-        if self._secret is not None:
-            self._authenticate(self._secret)
-        elif answer == EXTENSION_ACCEPT_AUTH:
-            self._disconnect()
-            raise StoreAuthenticationError(
-                f"the store at {self.endpoint} requires a secret and this client has none "
-                "(set TP_STORE_SECRET or TP_STORE_SECRET_FILE, or pass secret_file)",
-                self._host,
-                self._port,
-            )
+            raise
+        if challenge is not None:
+            self._authenticate(challenge)
 
     def _tls_handshake(self, sock: socket.socket, host: str) -> ssl.SSLSocket:
         """``sock`` wrapped in TLS, the server verified; never retried (lock held)."""
@@ -505,27 +485,15 @@ class TCPStore(Store):
                 self._port,
             ) from exc
 
-    def _authenticate(self, secret: bytes) -> None:
+    def _authenticate(self, challenge: bytes) -> None:
         """Prove the secret and check the server's proof (lock held)."""
-        if not self._extended:
-            self._disconnect()
-            raise StoreAuthenticationError(
-                f"the store at {self.endpoint} is not a tp-store server and cannot "
-                "authenticate, but this client has a secret: refusing to continue",
-                self._host,
-                self._port,
-            )
         sock = self._sock
         assert sock is not None
-        auth = ClientAuthenticator(secret)
+        session = self._session
         try:
-            sock.sendall(auth.challenge().encode())
-            server_nonce = self._receive(ReplyKind.BYTES)
-            assert isinstance(server_nonce, bytes)
-            sock.sendall(auth.prove(server_nonce).encode())
-            server_proof = self._receive(ReplyKind.BYTES)
-            assert isinstance(server_proof, bytes)
-            auth.verify(server_proof)
+            sock.sendall(challenge)
+            sock.sendall(session.prove(self._receive(BYTES_REPLY)))
+            session.verify(self._receive(BYTES_REPLY))
         except StoreAuthenticationError as exc:
             self._disconnect()
             raise StoreAuthenticationError(
@@ -540,7 +508,7 @@ class TCPStore(Store):
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._parser.clear()
+        self._session.closed()
 
     def _socket(self, recv_timeout: float) -> socket.socket:
         """The connected socket (reconnecting if it was lost), receiving within ``recv_timeout``."""
@@ -557,22 +525,17 @@ class TCPStore(Store):
             self._recv_timeout = recv_timeout
         return sock
 
-    def _receive(self, kind: ReplyKind, count: int = 0) -> Reply:
-        """Read one reply of ``kind`` (lock held; socket timeouts propagate)."""
-        self._parser.expect(kind, count)
-        return self._read_reply()
-
-    def _read_reply(self) -> Reply:
-        """Read the reply the parser expects first."""
-        parser = self._parser
+    def _receive(self, reply: ReplyFormat[_T], count: int = 0) -> _T:
+        """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
+        replies = self._session.replies
         sock = self._sock
         assert sock is not None
-        while isinstance(reply := parser.next_reply(), Incomplete):
+        while isinstance(value := replies.read(reply, count), Incomplete):
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
-            parser.feed(data)
-        return reply
+            replies.feed(data)
+        return value
 
     def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:
         self._disconnect()
@@ -591,13 +554,15 @@ class TCPStore(Store):
             except OSError as exc:
                 raise self._broken(exc, "a request") from exc
 
-    def _request(self, payload: bytes, kind: ReplyKind, count: int = 0) -> Reply:
+    def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Send a request and read its reply, within the store timeout."""
         with self._lock:
-            sock = self._socket(self.timeout.total_seconds())
+            sock = self._sock
+            if sock is None or self._recv_timeout != self._timeout.total_seconds():
+                sock = self._socket(self._timeout.total_seconds())
             try:
                 sock.sendall(payload)
-                return self._receive(kind, count)
+                return self._receive(reply, count)
             except _TIMED_OUT as exc:
                 self._disconnect()
                 raise StoreTimeoutError(
@@ -607,20 +572,31 @@ class TCPStore(Store):
                 raise self._broken(exc, "a request") from exc
 
     def _blocking(
-        self, payload: bytes, kind: ReplyKind, count: int, timeout: float, keys: Sequence[Data]
-    ) -> Reply:
+        self,
+        payload: bytes,
+        reply: ReplyFormat[_T],
+        count: int,
+        timeout: float,
+        keys: Sequence[Data],
+    ) -> _T:
         """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
         with self._lock:
-            sock = self._socket(timeout)
+            sock = self._sock
+            if sock is None or self._recv_timeout != timeout:
+                sock = self._socket(timeout)
+            session = self._session
             try:
                 sock.sendall(payload)
-                return self._receive(kind, count)
+                session.parked()
+                value = self._receive(reply, count)
+                session.woken()
+                return value
             except _TIMED_OUT:
                 pass
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a wait") from exc
             try:
-                answered = self._cancel_wait(sock)
+                answered = self._cancel_wait(sock, reply, count)
             except _TIMED_OUT as exc:
                 # No answer to the cancel within the store timeout (an overloaded
                 # or stopped server): the wait timed out, as asked. The replies
@@ -633,22 +609,21 @@ class TCPStore(Store):
                 return answered  # the wait was satisfied as it timed out
         raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
 
-    def _cancel_wait(self, sock: socket.socket) -> Reply | None:
-        """Cancel the pending wait; its reply if it was satisfied meanwhile, else None."""
+    def _cancel_wait(self, sock: socket.socket, reply: ReplyFormat[_T], count: int) -> _T | None:
+        """Cancel the parked wait; its reply if it was satisfied meanwhile, else None."""
         # The wait's own reply may be under way when CANCEL_WAIT arrives; then
-        # both replies come, the wait's first. The parser still expects it.
+        # both replies come, the wait's first.
         self._socket(self.timeout.total_seconds())
-        sock.sendall(CancelWait().encode())
-        first = self._read_reply()
-        status = first[0] if isinstance(first, tuple) else first
-        if status != WaitReply.STOP_WAITING:
+        sock.sendall(self._session.cancel())
+        first = self._receive(reply, count)
+        if reply.status(first) != WaitReply.STOP_WAITING:
             return None
-        self._receive(ReplyKind.U8)
+        self._receive(FLAG_REPLY)  # then the WAIT_CANCELED
         return first
 
     # -- the Store interface ------------------------------------------------------
     def set(self, key: Data, value: Data) -> None:
-        self._send(Set(_user_key(key), as_bytes(value)).encode())
+        self._send(Set.frame(_user_key(key), as_bytes(value)))
 
     def get(self, key: Data) -> bytes:
         return self.wait_get(key)
@@ -656,70 +631,61 @@ class TCPStore(Store):
     def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` for it: one round trip on our server."""
         user_key = _user_key(key)
-        if self._extended:
-            reply = self._blocking(
-                WaitGet((user_key,)).encode(),
-                ReplyKind.WAIT_GET,
-                1,
-                self._deadline_seconds(timeout),
-                [key],
+        seconds = self._deadline_seconds(timeout)
+        if self._session.extended:
+            frame = WaitGet.frame((user_key,))
+            _, values = self._blocking(frame, WaitGet.reply, 1, seconds, [key])
+            return self._fetched(values)[0]
+        # A PyTorch server: WAIT, then GET (as PyTorch's client does).
+        self._blocking(Wait.frame((user_key,)), Wait.reply, 0, seconds, [key])
+        return self._request(Get.frame(user_key), Get.reply)
+
+    def _fetched(self, values: list[bytes] | None) -> list[bytes]:
+        """The values of a WAIT_GET that was answered (None: the server cancelled it unasked)."""
+        if values is None:
+            self._disconnect()
+            raise StoreConnectionError(
+                f"the store at {self.endpoint} cancelled a wait this client did not cancel",
+                self._host,
+                self._port,
             )
-            fetched = reply[1] if isinstance(reply, tuple) else None
-            assert isinstance(fetched, list)
-            return fetched[0]
-        self.wait([key], timeout)
-        value = self._request(Get(user_key).encode(), ReplyKind.BYTES)
-        assert isinstance(value, bytes)
-        return value
+        return values
 
     def add(self, key: Data, amount: int) -> int:
-        amount = int_argument(amount, "amount")  # the wire's i64
-        value = self._request(Add(_user_key(key), amount).encode(), ReplyKind.I64)
-        assert isinstance(value, int)
-        return value
+        if type(amount) is not int or not INT64_MIN <= amount <= INT64_MAX:
+            amount = int_argument(amount, "amount")  # the wire's i64
+        return self._request(Add.frame(_user_key(key), amount), Add.reply)
 
     def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
-        request = CompareSet(_user_key(key), as_bytes(expected), as_bytes(desired))
-        value = self._request(request.encode(), ReplyKind.BYTES)
-        assert isinstance(value, bytes)
-        return value
+        frame = CompareSet.frame(_user_key(key), as_bytes(expected), as_bytes(desired))
+        return self._request(frame, CompareSet.reply)
 
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
-        request = Wait(_user_keys(keys))
-        self._blocking(request.encode(), ReplyKind.U8, 0, self._deadline_seconds(timeout), keys)
+        frame = Wait.frame(_user_keys(keys))
+        self._blocking(frame, Wait.reply, 0, self._deadline_seconds(timeout), keys)
 
     def check(self, keys: Sequence[Data]) -> bool:
         request = Check(_user_keys(keys))
-        return self._request(request.encode(), ReplyKind.U8) == CheckReply.READY
+        return self._request(request.encode(), Check.reply) == CheckReply.READY
 
     def delete_key(self, key: Data) -> bool:
-        return self._request(DeleteKey(_user_key(key)).encode(), ReplyKind.I64) == 1
+        return self._request(DeleteKey(_user_key(key)).encode(), DeleteKey.reply) == 1
 
     def num_keys(self) -> int:
-        value = self._request(GetNumKeys().encode(), ReplyKind.I64)
-        assert isinstance(value, int)
-        return value
+        return self._request(GetNumKeys().encode(), GetNumKeys.reply)
 
     def append(self, key: Data, value: Data) -> None:
         self._send(Append(_user_key(key), as_bytes(value)).encode())
 
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
         user_keys = _user_keys(keys)
-        if self._extended:
-            reply = self._blocking(
-                WaitGet(user_keys).encode(),
-                ReplyKind.WAIT_GET,
-                len(user_keys),
-                self.timeout.total_seconds(),
-                keys,
-            )
-            fetched = reply[1] if isinstance(reply, tuple) else None
-            assert isinstance(fetched, list)
-            return fetched
+        if self._session.extended:
+            frame = WaitGet.frame(user_keys)
+            timeout = self.timeout.total_seconds()
+            _, values = self._blocking(frame, WaitGet.reply, len(user_keys), timeout, keys)
+            return self._fetched(values)
         self.wait(keys)
-        values = self._request(MultiGet(user_keys).encode(), ReplyKind.VALUES, len(user_keys))
-        assert isinstance(values, list)
-        return values
+        return self._request(MultiGet(user_keys).encode(), MultiGet.reply, len(user_keys))
 
     def multi_set(self, keys: Sequence[Data], values: Sequence[Data]) -> None:
         check_multi_set(keys, values)
@@ -727,8 +693,7 @@ class TCPStore(Store):
         self._send(MultiSet(items).encode())
 
     def list_keys(self) -> list[str]:
-        keys = self._request(ListKeys().encode(), ReplyKind.KEY_LIST)
-        assert isinstance(keys, list)
+        keys = self._request(ListKeys().encode(), ListKeys.reply)
         skip = len(USER_KEY_PREFIX)
         return [
             key[skip:].decode(errors="surrogateescape")
@@ -745,10 +710,8 @@ class TCPStore(Store):
         while True:
             if block:
                 self.wait([key], max(deadline - time.monotonic(), 0.0))
-            reply = self._request(request, ReplyKind.QUEUE_POP)
-            assert isinstance(reply, tuple)
-            _, value = reply
-            if isinstance(value, bytes):
+            _, value = self._request(request, QueuePop.reply)
+            if value is not None:
                 return value
             if not block:
                 raise QueueEmptyError(f"the queue {key!r} is empty")
@@ -770,7 +733,7 @@ class TCPStore(Store):
                 sock = self._socket(self.timeout.total_seconds())
                 try:
                     sock.sendall(request * asked)
-                    replies = [self._receive(ReplyKind.QUEUE_POP) for _ in range(asked)]
+                    replies = [self._receive(QueuePop.reply) for _ in range(asked)]
                 except _TIMED_OUT as exc:
                     self._disconnect()
                     raise StoreTimeoutError(
@@ -779,25 +742,19 @@ class TCPStore(Store):
                     ) from exc
                 except (OSError, ProtocolError) as exc:
                     raise self._broken(exc, "a request") from exc
-                popped = [
-                    reply[1]
-                    for reply in replies
-                    if isinstance(reply, tuple) and isinstance(reply[1], bytes)
-                ]
+                popped = [value for _, value in replies if value is not None]
                 values += popped
                 if len(popped) < asked:
                     break
         return values
 
     def queue_len(self, key: Data) -> int:
-        value = self._request(QueueLen(_user_key(key)).encode(), ReplyKind.I64)
-        assert isinstance(value, int)
-        return value
+        return self._request(QueueLen(_user_key(key)).encode(), QueueLen.reply)
 
     def barrier(self, key: Data, world_size: int, timeout: Timeout | None = None) -> None:
         world_size = int_argument(world_size, "world_size", 1, INT64_MAX)
         request = Barrier(_user_key(key), world_size).encode()
-        self._blocking(request, ReplyKind.U8, 0, self._deadline_seconds(timeout), [key])
+        self._blocking(request, Barrier.reply, 0, self._deadline_seconds(timeout), [key])
 
     def server_stats(self) -> ServerStats:
         """The server's counters (see :class:`~tp_store.protocol.ServerStats`), in one round trip.
@@ -806,12 +763,11 @@ class TCPStore(Store):
         PyTorch's (it did not accept the protocol extensions), and
         :class:`~tp_store.StoreError` when the answer is not a valid document.
         """
-        if not self._extended:
+        if not self._session.extended:
             raise UnsupportedOperationError(
                 f"the server at {self.endpoint} does not support statistics (not a tp-store server)"
             )
-        document = self._request(Stats().encode(), ReplyKind.BYTES)
-        assert isinstance(document, bytes)
+        document = self._request(Stats().encode(), Stats.reply)
         try:
             return decode_stats(document)
         except ProtocolError as exc:

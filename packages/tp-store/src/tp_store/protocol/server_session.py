@@ -1,0 +1,418 @@
+"""The server's side of one connection, without I/O.
+
+A :class:`ServerSession` takes the bytes a client sent (:meth:`ServerSession.receive`),
+applies its requests to the shared :class:`~tp_store.state.StoreState`
+(:meth:`ServerSession.serve`) and leaves the replies in
+:attr:`ServerSession.outbox` for the I/O layer to write in one go. The
+session rules live here: VALIDATE first, what may be sent before
+authenticating and how much, the extensions offered in the handshake PING,
+one parked wait at a time, replies bounded by the message limit, and a
+bounded number of requests per turn so that no client starves the others.
+Every violation raises :class:`~tp_store.errors.ProtocolError` (or
+``ValueError`` for a request the state refuses); the I/O layer then closes
+the connection.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any, Final
+
+from tp_store.errors import ProtocolError, StoreLimitError
+from tp_store.state import BarrierWaiter, StoreState, Waiter
+
+from .auth import ServerAuthenticator
+from .limits import Limits
+from .messages import (
+    EXTENSION_ACCEPT,
+    EXTENSION_ACCEPT_AUTH,
+    EXTENSION_OFFER,
+    LAYOUTS,
+    REQUEST_TYPES,
+    Opcode,
+)
+from .phases import Event, Phase, advance
+from .replies import (
+    BYTES_REPLY,
+    NONCE_REPLY,
+    WAIT_GET_REPLY,
+    CheckReply,
+    WaitReply,
+)
+from .requests import Layouts, RequestParser
+from .stats import ServerStats, stats_document
+
+#: Requests a connection is served in one turn before the others get theirs:
+#: no client can starve the rest by pipelining.
+REQUESTS_PER_TURN: Final = 64
+#: Requests a connection may send before it has authenticated to a server
+#: with a secret (our client needs four: VALIDATE, PING, the exchange).
+REQUESTS_BEFORE_AUTH: Final = 16
+#: Reply bytes a turn gathers before it lets them out (and finds whether the
+#: client reads them): a pipeline of big replies never piles up in memory.
+FLUSH_BYTES: Final = 256 * 1024
+#: Bytes a parked wait is counted for besides its keys (the waiter and its
+#: entries in the state's tables).
+PARKED_KEY_OVERHEAD: Final = 128
+
+_STOP_WAITING: Final = b"\x00"
+_WAIT_CANCELED: Final = b"\x01"
+_READY: Final = b"\x00"
+_NOT_READY: Final = b"\x01"
+_EXTENSIONS_ACCEPTED: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT)
+_EXTENSIONS_ACCEPTED_AUTH: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT_AUTH)
+_AUTH_REFUSED: Final = BYTES_REPLY.encode(b"")
+
+#: Which requests are parsed in a phase (a WAITING connection may only cancel).
+_WAITING_LAYOUTS: Final[Layouts] = {Opcode.CANCEL_WAIT: LAYOUTS[Opcode.CANCEL_WAIT]}
+
+
+class AuthRefused(ProtocolError):
+    """A connection failed or skipped authentication."""
+
+
+class Turn(enum.Enum):
+    """Why :meth:`ServerSession.serve` returned."""
+
+    #: No whole request is left: wait for more bytes.
+    IDLE = "idle"
+    #: Replies piled up: write them, then call again (unless the client stopped reading).
+    FLUSH = "flush"
+    #: The turn is over with requests left: serve the other connections first.
+    YIELD = "yield"
+
+
+class ServerSession:
+    """One client connection's protocol state, without I/O.
+
+    ``woken`` is called when a parked wait is answered from another
+    connection's request: the reply is in :attr:`outbox` and the I/O layer
+    should write it, or (given an error) close the connection. ``ops`` counts
+    requests by opcode byte (the server's statistics); ``stats`` makes the
+    STATS document.
+    """
+
+    __slots__ = (
+        "_auth",
+        "_limits",
+        "_ops",
+        "_parser",
+        "_pending",
+        "_requests_before_auth",
+        "_secret",
+        "_state",
+        "_stats",
+        "_turn_left",
+        "_woken",
+        "admitted",
+        "extended",
+        "outbox",
+        "pending_bytes",
+        "phase",
+        "served",
+    )
+
+    def __init__(
+        self,
+        state: StoreState,
+        limits: Limits,
+        *,
+        secret: bytes | None,
+        stats: Callable[[], ServerStats],
+        ops: list[int],
+        woken: Callable[[Exception | None], None],
+    ) -> None:
+        self._state = state
+        self._limits = limits
+        self._secret = secret
+        self._stats = stats
+        self._ops = ops
+        self._woken = woken
+        self.phase = Phase.HANDSHAKE
+        #: Whether requests other than the handshake and authentication may be
+        #: served (SERVING or WAITING).
+        self.admitted = False
+        # Until admitted, the parser refuses every request but the handshake
+        # and authentication from its opcode, and anything over a few hundred bytes.
+        self._parser = RequestParser(limits, authenticated=secret is None)
+        self._requests_before_auth = REQUESTS_BEFORE_AUTH
+        self._auth: ServerAuthenticator | None = None
+        self._pending: Waiter | BarrierWaiter | None = None
+        #: What the parked wait is counted for in the memory budget.
+        self.pending_bytes = 0
+        #: Set once the client offers the extensions in a PING: STATS is refused
+        #: before, as on a PyTorch server, which does not know the opcode.
+        self.extended = False
+        #: Replies not yet written.
+        self.outbox: list[bytes] = []
+        self._turn_left = REQUESTS_PER_TURN
+        #: Requests the last :meth:`serve` applied.
+        self.served = 0
+
+    # -- what the I/O layer reads -------------------------------------------------
+
+    @property
+    def parked(self) -> bool:
+        """Whether a WAIT, WAIT_GET or BARRIER is parked."""
+        return self._pending is not None
+
+    @property
+    def buffered(self) -> int:
+        """Request bytes received and not yet served."""
+        return self._parser.buffered
+
+    # -- driving it -----------------------------------------------------------------
+    def receive(self, data: bytes) -> None:
+        """Add bytes received from the client."""
+        self._parser.feed(data)
+
+    def serve(self) -> Turn:
+        """Apply the whole requests received, leaving their replies in :attr:`outbox`."""
+        parser = self._parser
+        ops = self._ops
+        out = self.outbox
+        size = 0
+        left = self._turn_left
+        served = 0
+        while served < left:
+            parsed = parser.next_fields()
+            if parsed is None:
+                self.served = served
+                self._turn_left = REQUESTS_PER_TURN
+                return Turn.IDLE
+            opcode, fields = parsed
+            ops[opcode] += 1
+            served += 1
+            handler, pack = _HANDLERS[opcode]
+            value = handler(self, fields)
+            if value is not None:
+                encoded = pack(value)
+                out.append(encoded)
+                size += len(encoded)
+                if size >= FLUSH_BYTES and served < left:
+                    self.served = served
+                    self._turn_left = left - served
+                    return Turn.FLUSH
+        self.served = served
+        self._turn_left = REQUESTS_PER_TURN
+        return Turn.YIELD if parser.buffered else Turn.IDLE
+
+    def close(self) -> None:
+        """End the session: its parked wait is dropped; nothing more is served."""
+        self._drop_pending()
+        self.phase = advance(self.phase, Event.CLOSED)
+        self.admitted = False
+        self._parser = RequestParser(self._limits)  # its buffer is garbage now
+
+    # -- session rules ----------------------------------------------------------------
+    def _before_auth(self) -> None:
+        self._requests_before_auth -= 1
+        if self._requests_before_auth < 0:
+            raise AuthRefused(
+                f"more than {REQUESTS_BEFORE_AUTH} requests sent before authenticating"
+            )
+
+    def _bounded(self, values: list[bytes]) -> list[bytes]:
+        """``values`` if a reply carrying them stays within the message limit."""
+        limit = self._limits.max_message_bytes
+        if sum(map(len, values)) + 8 * len(values) > limit:
+            raise StoreLimitError(
+                f"a reply of {len(values)} values would exceed the limit of {limit} bytes"
+            )
+        return values
+
+    def _park(self, keys: tuple[bytes, ...], wake: Callable[[Waiter], None]) -> bool:
+        """True if the keys exist already; else the wait stays parked until ``wake``."""
+        if self._state.check(keys):  # the common case: no waiter to build
+            return True
+        waiter = Waiter(keys, wake)
+        self._state.park(waiter)
+        self._parked(waiter, sum(map(len, keys)) + PARKED_KEY_OVERHEAD * len(keys))
+        return False
+
+    def _parked(self, waiter: Waiter | BarrierWaiter, size: int) -> None:
+        self._pending = waiter
+        self.pending_bytes = size
+        self.phase = advance(self.phase, Event.PARKED)
+        self._parser.accept(_WAITING_LAYOUTS, self._limits.max_message_bytes, _WHILE_WAITING)
+
+    def _unparked(self, event: Event) -> None:
+        self._pending = None
+        self.pending_bytes = 0
+        self.phase = advance(self.phase, event)
+        self._parser.authenticated()
+
+    def _wake(self, waiter: Waiter | BarrierWaiter) -> None:
+        self._unparked(Event.WOKEN)
+        self.outbox.append(_STOP_WAITING)
+        self._woken(None)
+
+    def _wake_with_values(self, waiter: Waiter) -> None:
+        self._unparked(Event.WOKEN)
+        try:
+            values = self._bounded(self._state.multi_get(waiter.keys))
+        except StoreLimitError as exc:  # this connection's fault, not the writer's
+            self._woken(exc)
+            return
+        self.outbox.append(WAIT_GET_REPLY.encode((WaitReply.STOP_WAITING, values)))
+        self._woken(None)
+
+    def _drop_pending(self) -> None:
+        pending = self._pending
+        if pending is None:
+            return
+        self._unparked(Event.CANCELLED)
+        if isinstance(pending, Waiter):
+            self._state.unpark(pending)
+        else:
+            self._state.leave_barrier(pending)
+
+    # -- the requests, by opcode ------------------------------------------------------
+    def _get(self, fields: list[Any]) -> bytes:
+        return self._state.get(fields[0])
+
+    def _add(self, fields: list[Any]) -> int:
+        return self._state.add(fields[0], fields[1])
+
+    def _set(self, fields: list[Any]) -> None:
+        self._state.set(fields[0], fields[1])
+
+    def _wait_get(self, fields: list[Any]) -> tuple[int, list[bytes]] | None:
+        keys = fields[0]
+        if len(keys) == 1:  # a get: one value, within the limits by construction
+            value = self._state.data.get(keys[0])
+            if value is not None:
+                return (WaitReply.STOP_WAITING, [value])
+        if self._park(keys, self._wake_with_values):
+            return (WaitReply.STOP_WAITING, self._bounded(self._state.multi_get(keys)))
+        return None
+
+    def _compare_set(self, fields: list[Any]) -> bytes:
+        return self._state.compare_set(fields[0], fields[1], fields[2])
+
+    def _wait(self, fields: list[Any]) -> int | None:
+        return WaitReply.STOP_WAITING if self._park(fields[0], self._wake) else None
+
+    def _check(self, fields: list[Any]) -> int:
+        return CheckReply.READY if self._state.check(fields[0]) else CheckReply.NOT_READY
+
+    def _multi_get(self, fields: list[Any]) -> list[bytes]:
+        return self._bounded(self._state.multi_get(fields[0]))
+
+    def _multi_set(self, fields: list[Any]) -> None:
+        self._state.multi_set(fields[0])
+
+    def _append(self, fields: list[Any]) -> None:
+        self._state.append(fields[0], fields[1])
+
+    def _delete_key(self, fields: list[Any]) -> int:
+        return int(self._state.delete(fields[0]))
+
+    def _num_keys(self, fields: list[Any]) -> int:
+        return self._state.num_keys()
+
+    def _cancel_wait(self, fields: list[Any]) -> int:
+        self._drop_pending()
+        return WaitReply.WAIT_CANCELED
+
+    def _ping(self, fields: list[Any]) -> int:
+        if not self.admitted:
+            self._before_auth()
+        nonce: int = fields[0]
+        if nonce == EXTENSION_OFFER:
+            self.extended = True
+            return EXTENSION_ACCEPT if self.admitted else EXTENSION_ACCEPT_AUTH
+        return nonce
+
+    def _queue_push(self, fields: list[Any]) -> None:
+        self._state.queue_push(fields[0], fields[1])
+
+    def _queue_pop(self, fields: list[Any]) -> tuple[int, bytes | None]:
+        return self._state.queue_pop(fields[0])
+
+    def _queue_len(self, fields: list[Any]) -> int:
+        return self._state.queue_len(fields[0])
+
+    def _list_keys(self, fields: list[Any]) -> list[bytes]:
+        return self._bounded(self._state.list_keys())
+
+    def _barrier(self, fields: list[Any]) -> int | None:
+        barrier = BarrierWaiter(fields[0], fields[1], self._wake)
+        if self._state.barrier(barrier):
+            return WaitReply.STOP_WAITING
+        self._parked(barrier, 0)
+        return None
+
+    def _server_stats(self, fields: list[Any]) -> bytes:
+        if not self.extended:
+            raise ProtocolError("STATS sent before the protocol extensions were offered")
+        return stats_document(self._stats())
+
+    def _validate(self, fields: list[Any]) -> None:
+        if self.phase is Phase.HANDSHAKE:
+            event = Event.HELLO if self._secret is None else Event.HELLO_AUTH
+            self.phase = advance(self.phase, event)
+            self.admitted = self.phase is Phase.SERVING
+        if not self.admitted:
+            self._before_auth()
+
+    def _auth_challenge(self, fields: list[Any]) -> bytes:
+        if not self.admitted:
+            self._before_auth()
+        if not self.extended:
+            raise ProtocolError("AUTH_CHALLENGE sent before the protocol extensions were offered")
+        if self._auth is None:
+            self._auth = ServerAuthenticator(self._secret)
+        return self._auth.challenge(fields[0])
+
+    def _auth_proof(self, fields: list[Any]) -> bytes:
+        if not self.admitted:
+            self._before_auth()
+        if self._auth is None:
+            raise ProtocolError("AUTH_PROOF sent before AUTH_CHALLENGE")
+        server_proof = self._auth.check(fields[0])
+        if server_proof is None:
+            # Tell the client before closing, so it can say why it failed.
+            self.outbox.append(_AUTH_REFUSED)
+            raise AuthRefused("wrong proof of the secret (authentication failed)")
+        self.phase = advance(self.phase, Event.AUTHENTICATED)
+        self.admitted = True
+        self._parser.authenticated()
+        return server_proof
+
+
+_WHILE_WAITING: Final = "sent while a wait is pending"
+
+_Handler = Callable[[ServerSession, list[Any]], Any]
+
+#: Each opcode's handler and the format its value is encoded in (the
+#: request's declared reply): dispatch by table, not by type tests.
+_HANDLERS: Final[dict[int, tuple[_Handler, Callable[[Any], bytes]]]] = {
+    opcode: (handler, REQUEST_TYPES[opcode].reply.pack)
+    for opcode, handler in {
+        Opcode.VALIDATE: ServerSession._validate,
+        Opcode.SET: ServerSession._set,
+        Opcode.COMPARE_SET: ServerSession._compare_set,
+        Opcode.GET: ServerSession._get,
+        Opcode.ADD: ServerSession._add,
+        Opcode.CHECK: ServerSession._check,
+        Opcode.WAIT: ServerSession._wait,
+        Opcode.GETNUMKEYS: ServerSession._num_keys,
+        Opcode.DELETE_KEY: ServerSession._delete_key,
+        Opcode.APPEND: ServerSession._append,
+        Opcode.MULTI_GET: ServerSession._multi_get,
+        Opcode.MULTI_SET: ServerSession._multi_set,
+        Opcode.CANCEL_WAIT: ServerSession._cancel_wait,
+        Opcode.PING: ServerSession._ping,
+        Opcode.QUEUE_PUSH: ServerSession._queue_push,
+        Opcode.QUEUE_POP: ServerSession._queue_pop,
+        Opcode.QUEUE_LEN: ServerSession._queue_len,
+        Opcode.LIST_KEYS: ServerSession._list_keys,
+        Opcode.BARRIER: ServerSession._barrier,
+        Opcode.WAIT_GET: ServerSession._wait_get,
+        Opcode.STATS: ServerSession._server_stats,
+        Opcode.AUTH_CHALLENGE: ServerSession._auth_challenge,
+        Opcode.AUTH_PROOF: ServerSession._auth_proof,
+    }.items()
+}
