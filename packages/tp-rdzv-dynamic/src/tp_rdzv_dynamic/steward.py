@@ -181,6 +181,9 @@ class Steward:
                     events.append(event)
                 if receipt is not None:
                     receipts.append(receipt)
+            # Deciding a storm of joins takes a while at thousands of nodes: the
+            # lease moves first, or waiters could judge this steward silent.
+            self._beat_if_due()
         now = time.monotonic()
         flush = False
         if now >= self._next_scan:
@@ -194,6 +197,10 @@ class Steward:
         if events or expired or flush:
             self._decide(events, expired, flush=flush)
         self.board.confirm(receipts)
+        self._beat_if_due()
+
+    def _beat_if_due(self) -> None:
+        now = time.monotonic()
         if now >= self._next_beat:
             self._tenure.beat(self._round_hint())
             self._next_beat = now + self._tick
