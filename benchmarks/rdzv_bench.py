@@ -54,6 +54,8 @@ from typing import Any
 
 from hostinfo import host_info, load_average
 from metrics import Metric, format_table
+from node_messages import NodeProcess, send_message
+from spread import SpreadCase, SpreadResult, run_spread
 
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
@@ -67,6 +69,10 @@ ETCD_SIZES = (8, 32, 128)
 # 2-vCPU host 96 nodes have taken anywhere from 9 s to over 200 s, so the
 # larger sizes are measured for ours only (--torch-max-nodes raises this).
 TORCH_MAX_NODES = 64
+# The spread cases (N nodes over P processes, the server alone; N:P:K kills K after round 1).
+DEFAULT_SPREAD = ("200:4", "1000:8", "4000:16", "1000:8:100")
+# torch's c10d in the spread cases up to this many nodes (--torch-spread-max raises it).
+TORCH_SPREAD_MAX = 200
 # Seconds allowed per round; the default sizes need far less.
 DEFAULT_TIMEOUT = 300.0
 # Thousands of node threads: a small stack each keeps the address space sane.
@@ -82,9 +88,6 @@ KILL_CONFIG = {
     "last_call_timeout": 0.5,
     "join_timeout": 60,
 }
-# Node processes talk to the bench over stdout lines carrying this prefix;
-# anything else a node prints (torch's logging, say) is passed through.
-MESSAGE_PREFIX = "RDZV-BENCH "
 
 
 class VerificationError(RuntimeError):
@@ -399,10 +402,6 @@ def node_main(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
-def send_message(event: str, **fields: Any) -> None:
-    print(MESSAGE_PREFIX + json.dumps({"event": event, **fields}), flush=True)
-
-
 def create_registry_handler(impl: str, endpoint: str, run_id: str, is_host: bool) -> Any:
     """A handler from ``impl``'s backend registry, configured as KILL_CONFIG says."""
     if impl == "ours":
@@ -439,38 +438,6 @@ def create_registry_handler(impl: str, endpoint: str, run_id: str, is_host: bool
 def torch_kill_config() -> dict[str, int]:
     """KILL_CONFIG for torch, whose timeouts are whole seconds (0.5 s reads as 0, invalid)."""
     return {key: math.ceil(value) for key, value in KILL_CONFIG.items()}
-
-
-class NodeProcess:
-    """One node process: its stdin for commands, a thread forwarding its messages."""
-
-    def __init__(self, slot: int, command: list[str], inbox: queue.Queue[tuple[int, dict]]):
-        self.slot = slot
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        threading.Thread(target=self._forward, args=(inbox,), daemon=True).start()
-
-    def _forward(self, inbox: queue.Queue[tuple[int, dict]]) -> None:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        for line in stdout:
-            if line.startswith(MESSAGE_PREFIX):
-                inbox.put((self.slot, json.loads(line[len(MESSAGE_PREFIX) :])))
-            else:
-                sys.stderr.write(f"[node {self.slot}] {line}")
-        inbox.put((self.slot, {"event": "eof"}))
-
-    def tell(self, command: str) -> None:
-        stdin = self.proc.stdin
-        assert stdin is not None
-        stdin.write(command + "\n")
-        stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 class NodeGroup:
@@ -638,9 +605,13 @@ def etcd_metric_name(size: int) -> str:
 
 
 def new_metrics(
-    sizes: Sequence[int], with_kill: bool, etcd_sizes: Sequence[int] = ()
+    sizes: Sequence[int],
+    with_kill: bool,
+    etcd_sizes: Sequence[int] = (),
+    spread: Sequence[SpreadCase] = (),
 ) -> dict[str, Metric]:
     rows = [Metric(round_metric_name(size), "s", "lower") for size in sizes]
+    rows += [Metric(case.name, "s", "lower") for case in spread]
     rows += [Metric(etcd_metric_name(size), "s", "lower") for size in etcd_sizes]
     if with_kill:
         rows.append(Metric(KILL_METRIC, "s", "lower"))
@@ -667,6 +638,7 @@ def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) 
                 return timing.last, note
 
             recorder.measure(name, impl.name, first_round)
+    run_spread_cases(args, recorder)
     if args.etcd_sizes:
         run_etcd(args, recorder)
     if args.no_kill:
@@ -682,6 +654,39 @@ def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) 
             return result.seconds, note
 
         recorder.measure(KILL_METRIC, impl, kill_recovery)
+
+
+def run_spread_cases(args: argparse.Namespace, recorder: Recorder) -> None:
+    """The spread rows, ours and torch back to back; every node's return kept for the plot."""
+    for case in args.spread:
+        for impl in args.impls:
+            if impl == "torch" and case.nodes > args.torch_spread_max:
+                recorder.record(case.name, impl, None, "skipped (ours only)", 0.0)
+                continue
+
+            def spread(impl: str = impl, case: SpreadCase = case) -> tuple[float, str]:
+                run_id = f"bench-spread-{impl}-{uuid.uuid4().hex[:8]}"
+                result = run_spread(impl, case, args.timeout, run_id, args.profile)
+                runs = args.spread_results.setdefault(case.name, {}).setdefault(impl, [])
+                runs.append(result.to_json())
+                return spread_value(result), spread_note(result)
+
+            recorder.measure(case.name, impl, spread)
+
+
+def spread_value(result: SpreadResult) -> float:
+    """The figure of a spread row: the last return, or in the kill case the recovery."""
+    return result.last if result.recovery is None else result.recovery
+
+
+def spread_note(result: SpreadResult) -> str:
+    ops = sum(result.ops.values())
+    return (
+        f"(first return {result.first:.2f} s, last {result.last:.2f} s, server CPU "
+        f"{result.server_cpu:.2f} s, node processes' CPU {result.nodes_cpu:.1f} s"
+        + (f", {ops:,} server requests" if ops else "")
+        + f", load {result.load})"
+    )
 
 
 def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
@@ -745,7 +750,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"--sizes wants numbers like 8,32,96: {text!r}") from None
-    if not sizes or min(sizes) < 1:
+    if sizes and min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"--sizes wants positive numbers: {text!r}")
     return sizes
 
@@ -755,7 +760,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sizes",
         type=parse_sizes,
-        help="node counts of the first-round scenario, e.g. 8,32 "
+        help="node counts of the first-round scenario, e.g. 8,32, '' for none "
         f"(default {','.join(map(str, DEFAULT_SIZES))})",
     )
     parser.add_argument(
@@ -769,6 +774,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="larger rounds are measured for ours only (default %(default)s)",
     )
     parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 scenario")
+    parser.add_argument(
+        "--spread",
+        type=lambda text: [SpreadCase.parse(part) for part in text.split(",") if part],
+        help="spread cases N:P (N nodes over P processes, the server alone) or N:P:K "
+        f"(K of them killed after round 1); '' for none (default {','.join(DEFAULT_SPREAD)})",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the spread cases' node processes and server under py-spy, stacks in this dir",
+    )
+    parser.add_argument(
+        "--torch-spread-max",
+        type=int,
+        default=TORCH_SPREAD_MAX,
+        help="torch's spread rows up to this many nodes (default %(default)s)",
+    )
     parser.add_argument(
         "--etcd-sizes",
         type=parse_sizes,
@@ -796,6 +818,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--is-host", choices=("true", "false"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.impls = [args.only] if args.only else list(IMPLS)
+    if args.spread is None:
+        args.spread = [] if args.quick else [SpreadCase.parse(text) for text in DEFAULT_SPREAD]
+    args.spread_results = {}
     if args.no_etcd or "ours" not in args.impls:
         args.etcd_sizes = ()
     args.etcd_version = None
@@ -808,8 +833,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.node:
         return node_main(args)
     raise_limits()
-    sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    metrics = new_metrics(sizes, with_kill=not args.no_kill, etcd_sizes=args.etcd_sizes)
+    sizes = args.sizes if args.sizes is not None else QUICK_SIZES if args.quick else DEFAULT_SIZES
+    metrics = new_metrics(
+        sizes, with_kill=not args.no_kill, etcd_sizes=args.etcd_sizes, spread=args.spread
+    )
     host = host_info()
     started = time.monotonic()
     print(f"running {', '.join(args.impls)} ...", flush=True)
@@ -828,7 +855,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "timeout": args.timeout,
             "kill": {"nodes": KILL_NODES, "victims": KILL_VICTIMS, "config": KILL_CONFIG},
             "etcd": {"sizes": list(args.etcd_sizes), "version": args.etcd_version},
+            "spread": [case.name for case in args.spread],
         },
+        "spread": args.spread_results,
         "seconds": round(time.monotonic() - started, 1),
         "metrics": [m.to_json() for m in metrics.values()],
     }

@@ -8,7 +8,10 @@ Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
 - ``rendezvous-first-round.png``: the first round's time against the node
   count, log-log, for ours on the embedded store, ours on etcd and torch's
   c10d backend (a torch round that timed out is drawn at the timeout);
-- ``store-ops.png``: store operations per second, ours next to torch.
+- ``store-ops.png``: store operations per second, ours next to torch;
+- ``rendezvous-spread-returns.png``: for each spread case (N nodes over P
+  processes, the server alone), every node's time from the start signal to
+  its return, as a histogram: where the round's tail is.
 
 Measuring and rendering are separate: ``nox -s bench`` runs both benchmarks
 and then this script, and ``python benchmarks/report.py`` alone regenerates
@@ -38,6 +41,7 @@ RDZV_JSON = HERE / "results" / "rdzv_bench.json"
 OUT_DIR = REPO / "docs" / "benchmarks"
 PAGE = "index.md"
 RDZV_PNG = "rendezvous-first-round.png"
+SPREAD_PNG = "rendezvous-spread-returns.png"
 STORE_PNG = "store-ops.png"
 MATRIX_PNG = "store-matrix.png"
 
@@ -334,6 +338,61 @@ def alt_rendezvous(
     return "; ".join(parts)
 
 
+def plot_spread(run: Run, path: Path) -> str:
+    """Every node's return in each spread case, as histograms; returns the alt text."""
+    plt = pyplot()
+    cases = run.data.get("spread") or {}
+    fig, axes = plt.subplots(len(cases), 1, figsize=(8, 2.6 * len(cases)), squeeze=False)
+    for ax, (name, sides) in zip(axes[:, 0], cases.items(), strict=True):
+        for side, color in (("ours", OURS_COLOR), ("torch", TORCH_COLOR)):
+            for attempt, result in enumerate(sides.get(side, []), start=1):
+                label = f"{side}, run {attempt}: last {result['last']:.2f} s"
+                ax.hist(result["returns"], bins=60, color=color, alpha=0.5, label=label)
+        ax.set_title(name)
+        ax.set_xlabel("seconds from the start signal to the node's return")
+        ax.set_ylabel("nodes")
+        ax.legend()
+    fig.text(0.01, -0.01, machine_caption(run), fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+    plt.close(fig)
+    return "Histograms of every node's time to return in the spread cases"
+
+
+def spread_table(run: Run) -> str:
+    """First and last return, CPU seconds and load of every spread run."""
+    rows = []
+    for name, sides in (run.data.get("spread") or {}).items():
+        for side, results in sides.items():
+            for result in results:
+                recovery = result.get("recovery")
+                rows.append(
+                    (
+                        escape(name),
+                        side,
+                        number(result["first"]),
+                        number(result["last"]),
+                        "-" if recovery is None else number(recovery),
+                        number(result["server_cpu"]),
+                        number(result["nodes_cpu"]),
+                        str(sum(result.get("ops", {}).values()) or "-"),
+                        escape(str(result.get("load"))),
+                    )
+                )
+    header = (
+        "case",
+        "side",
+        "first return (s)",
+        "last return (s)",
+        "after SIGKILL (s)",
+        "server CPU (s)",
+        "nodes' CPU (s)",
+        "server requests",
+        "load average",
+    )
+    return markdown_table(header, rows, "llrrrrrrl")
+
+
 def plot_store(run: Run, path: Path) -> str:
     """The store operations plot of ``run`` at ``path``; returns its alt text."""
     plt = pyplot()
@@ -612,6 +671,20 @@ def page(store: Run | None, rdzv: Run | None, alts: dict[str, str]) -> str:
         add(f"Configuration: {escape(config_line(rdzv))}.\n")
         add(notes_block(rdzv))
 
+    if rdzv is not None and rdzv.data.get("spread"):
+        add("## Rendezvous spread over processes, the server alone\n")
+        add(f"![{escape(alts[SPREAD_PNG])}]({SPREAD_PNG})\n")
+        add(
+            "N nodes over P processes of N/P node threads, each node with its own handler and "
+            "store connection; the store server alone in a process of its own (ours: "
+            "`python -m tp_store`; PyTorch: a libuv master); `min_nodes = max_nodes = N`; one "
+            "start signal. Every node's time from it to its return is in the histogram; CPU "
+            "seconds are the server process's and all node processes' over the round. With "
+            "SIGKILL K, K more nodes run in processes of their own and are killed after the "
+            "first round; the survivors' new round is timed from the kill.\n"
+        )
+        add(spread_table(rdzv) + "\n")
+
     add("## Store: operations per second, storms and memory\n")
     if store is None:
         add("Not run yet: `python benchmarks/store_bench.py` writes its results.\n")
@@ -688,6 +761,9 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)
+        if rdzv.data.get("spread"):
+            alts[SPREAD_PNG] = plot_spread(rdzv, out_dir / SPREAD_PNG)
+            written.append(out_dir / SPREAD_PNG)
     if store is not None:
         if store.rows:
             alts[STORE_PNG] = plot_store(store, out_dir / STORE_PNG)

@@ -73,4 +73,4 @@ def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandl
     yield make
     for handler in handlers:
         handler._office.stop()
-        handler._stop_heartbeats()
+        handler._heartbeats.stop()

@@ -127,7 +127,7 @@ def test_status_of_a_running_job_writes_nothing(server: TCPStore, backend: str) 
     node = _observer(backend, server.port, RUN)
     node.next_rendezvous()
     try:
-        node._stop_heartbeats()  # nothing else may write while the keys are compared
+        node._heartbeats.stop()  # nothing else may write while the keys are compared
         node._office.stop()
         before = {key: server.get(key) for key in server.list_keys()}
         status = _observer(backend, server.port, RUN).status()

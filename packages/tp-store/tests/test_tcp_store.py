@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -279,3 +280,55 @@ def test_listen_backlog_is_the_one_configured(master: TCPStore) -> None:
     max_backlog = struct.unpack_from("<I", info, 28)[0]  # tcpi_sacked, for a listener
     with open("/proc/sys/net/core/somaxconn") as limit:
         assert max_backlog == min(DEFAULT_BACKLOG, int(limit.read()))
+
+
+def test_queue_pop_many_drains_thousands_in_a_few_sends(master: TCPStore) -> None:
+    client = TCPStore("127.0.0.1", master.port, timeout=10)
+    for index in range(2500):
+        client.queue_push("mailbox", str(index))
+    client.queue_push("other", "untouched")
+    before = client.server_stats()["ops"]["queue_pop"]
+    # Three sends of pipelined pops (1024, 1024, 952; the last finds the queue
+    # empty after 452): every value, in order, and the reply stream stays in
+    # step for the requests after it.
+    values = client.queue_pop_many("mailbox", 3000)
+    assert values == [str(index).encode() for index in range(2500)]
+    assert client.server_stats()["ops"]["queue_pop"] - before == 3000
+    assert client.queue_pop_many("mailbox", 10) == []
+    assert client.queue_len("other") == 1
+    client.close()
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_silent_while_a_wait_is_cancelled_times_the_wait_out() -> None:
+    # An overloaded server may answer the CANCEL_WAIT of a timed-out wait later
+    # than the store timeout; a stopped one never does. That is a timeout (the
+    # caller may wait again), not a lost connection: it surfaced as
+    # StoreConnectionError "... during cancelling a wait: [Errno 11]".
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tp_store", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    port = int(process.stdout.readline().rsplit(":", 1)[1])
+    client = TCPStore("127.0.0.1", port, timeout=0.5)
+    process.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while not _stopped(process.pid):
+            assert time.monotonic() < deadline, "the server did not stop"
+            time.sleep(0.01)
+        with pytest.raises(StoreTimeoutError, match="never"):
+            client.wait_get("never", 0.2)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    # The connection whose replies went out of step is replaced.
+    client.set("k", "v")
+    assert client.get("k") == b"v"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from tp_rdzv_api import RendezvousConnectionError
-from tp_store import QueueEmptyError, Store, StoreError, StoreTimeoutError
+from tp_store import Store, StoreError, StoreTimeoutError
 
 from .decisions import Message
 from .documents import WAKE_MESSAGE, Lease, decode_message, decode_outcome, encode_message
@@ -57,9 +57,25 @@ class RendezvousBoard:
             return RendezvousBoard(self.store.clone(), self.run_id)
 
     # -- what every node does -------------------------------------------------
-    def beat(self, node: _NodeDesc) -> None:
-        """One heartbeat of ``node``."""
-        self._call("sending a heartbeat", lambda: self.store.add(self.keys.heartbeat(node.key), 1))
+    def beat(self, node: _NodeDesc) -> int:
+        """One heartbeat of ``node``; returns its counter, which only the node moves.
+
+        A counter that went down was reset by a steward that found the node
+        dead (:meth:`reset_heartbeats`).
+        """
+        return self._call(
+            "sending a heartbeat", lambda: self.store.add(self.keys.heartbeat(node.key), 1)
+        )
+
+    def reset_heartbeats(self, nodes: Sequence[_NodeDesc]) -> None:
+        """Set the counters of ``nodes``, found dead, back to zero (one round trip).
+
+        Zero, not deleted: a sample of a node still named in a state waits
+        for its counter to exist.
+        """
+        keys = [self.keys.heartbeat(node.key) for node in nodes]
+        with self._store_errors("resetting heartbeats"):
+            self.store.multi_set(keys, [b"0"] * len(keys))
 
     def post(self, event: Message, receipt: str | None = None) -> None:
         """Put ``event`` in the mailbox for the steward."""
@@ -121,12 +137,11 @@ class RendezvousBoard:
         raw = self._call("reading the lease", lambda: self.store.compare_set(key, "", ""))
         return Lease.parse(raw)
 
-    def swap_lease(self, seen: bytes, desired: bytes) -> bool:
-        """Replace the lease if it still holds ``seen``; whether it now holds ``desired``."""
-        held = self._call(
+    def swap_lease(self, seen: bytes, desired: bytes) -> bytes:
+        """Replace the lease if it still holds ``seen``; what it holds afterwards."""
+        return self._call(
             "taking the lease", lambda: self.store.compare_set(self.keys.lease, seen, desired)
         )
-        return held == desired
 
     def await_receipt(self, receipt: str, timeout: float) -> bool:
         """Whether the steward confirmed ``receipt`` within ``timeout`` seconds."""
@@ -168,23 +183,27 @@ class RendezvousBoard:
         return self._appears(self.keys.mailbox, timeout, "waiting for the mailbox")
 
     def take_mail(self) -> list[tuple[Message | None, str | None]]:
-        """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped."""
+        """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped.
+
+        Two round trips however many there are: the queue's length, then that
+        many pops pipelined (one round trip per message made a storm of joins
+        cost the steward seconds).
+        """
         messages: list[tuple[Message | None, str | None]] = []
+        mailbox = self.keys.mailbox
         with self._store_errors("reading the mailbox"):
-            while len(messages) < MAX_BATCH:
-                try:
-                    raw = self.store.queue_pop(self.keys.mailbox, block=False)
-                except QueueEmptyError:
-                    break
-                try:
-                    messages.append(decode_message(raw))
-                except (ValueError, UnicodeDecodeError) as exc:
-                    log.warning(
-                        "rendezvous %r: dropped a malformed mailbox message %r: %s",
-                        self.run_id,
-                        raw[:200],
-                        exc,
-                    )
+            queued = self.store.queue_len(mailbox)
+            raws = self.store.queue_pop_many(mailbox, min(queued, MAX_BATCH))
+        for raw in raws:
+            try:
+                messages.append(decode_message(raw))
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.warning(
+                    "rendezvous %r: dropped a malformed mailbox message %r: %s",
+                    self.run_id,
+                    raw[:200],
+                    exc,
+                )
         return messages
 
     def sample_heartbeats(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,9 +166,19 @@ def decode_state(raw: bytes, where: str) -> RendezvousState:
     return state
 
 
-@functools.lru_cache(maxsize=8)
+#: Nodes of one process woken by the same outcome decode it once: the others
+#: wait for the first instead of all missing the cache together.
+_decoding = threading.Lock()
+
+
 def decode_outcome(raw: bytes, where: str) -> RoundOutcome:
-    """The round outcome in ``raw`` (cached: every node of a process reads the same bytes)."""
+    """The round outcome in ``raw`` (decoded once per process: every node reads the same bytes)."""
+    with _decoding:
+        return _decode_outcome(raw, where)
+
+
+@functools.lru_cache(maxsize=8)
+def _decode_outcome(raw: bytes, where: str) -> RoundOutcome:
     reader = _Reader(raw, OUTCOME_FORMAT, where)
     round_ = reader.value("round", int)
     status = reader.document.get("status")

@@ -10,8 +10,6 @@ or has stopped moving for the liveness bound.
 from __future__ import annotations
 
 import logging
-import random
-import threading
 import time
 from datetime import timedelta
 
@@ -31,6 +29,7 @@ from .bootstrap import BootstrapServer, await_bootstrap_info
 from .closing import close_run, closed_error
 from .decisions import Join
 from .events import log_event
+from .heartbeats import Heartbeats, JoinTicks
 from .holder import _RendezvousStateHolder
 from .node import _NodeDesc, _NodeDescGenerator
 from .office import StewardOffice
@@ -98,7 +97,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._board = RendezvousBoard(args.store, args.settings.run_id)
         self._tick = args.settings.keep_alive_interval.total_seconds()
         self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
-        self._heartbeat_stop: threading.Event | None = None
+        self._heartbeats = Heartbeats(self._board, args.node, self._tick)
+        self._ticks = JoinTicks(self._board, args.node, self._office, self._tick)
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
         self._watcher: RendezvousBoard | None = None  # a connection that may block
@@ -190,7 +190,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousStateError: the stored state is corrupt.
         """
         while True:
-            self._stop_heartbeats()
+            self._heartbeats.stop()
             # The agent stopped the workers of the last round before asking again.
             self._bootstrap.close()
             started = time.monotonic()
@@ -204,7 +204,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     f"{self._node} has rank {rank} of {info.world_size} in round {outcome.round}",
                     duration=time.monotonic() - started,
                 )
-                self._start_heartbeats()
+                self._heartbeats.start(outcome.round)
                 return info
             # Its rank 0 died before publishing the workers' bootstrap store: no
             # node returned that round, and this one joins the next.
@@ -220,10 +220,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         board, node = self._board, self._node
         now = time.monotonic()
         deadline = now + self._settings.timeout.join.total_seconds()
-        board.beat(node)
-        # Nodes started together would all tick together (time out, heartbeat,
-        # read the lease): a random phase spreads them out.
-        next_beat = now + self._tick * random.uniform(0.5, 1.0)
+        counter = board.beat(node)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
         # The round comes with the lease, read before posting: read after, it
@@ -237,27 +234,31 @@ class DynamicRendezvousHandler(RendezvousHandler):
             round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
         self._office.post(Join(node, self._hint, round_))
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                error = roll_back_join(node, self._settings, board, self._round)
-                self._office.stop()  # after the receipt: this node's steward may confirm it
-                raise error
-            if now >= next_beat:
-                board.beat(node)
-                self._office.watch(now, rejoin=Join(node, self._hint, round_))
-                next_beat = now + self._tick
-            outcome = board.await_outcome(round_, min(next_beat, deadline) - now)
-            if outcome is None:
-                continue
-            if outcome.error is not None:
-                raise RendezvousStateError(outcome.error)
-            if outcome.closed:
-                raise closed_error(node, self.get_run_id(), self._holder)
-            rank = outcome.ranks.get(node)
-            if rank is not None:
-                return outcome, rank
-            round_ = outcome.round + 1
+        # This thread stays in one wait for the outcome; the ticks heartbeat
+        # and watch the lease meanwhile, from the process's scheduler.
+        self._ticks.start(Join(node, self._hint, round_), counter)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    self._ticks.stop()  # no join posted again after the leave
+                    error = roll_back_join(node, self._settings, board, self._round)
+                    self._office.stop()  # after the receipt: this node's steward may confirm it
+                    raise error
+                outcome = board.await_outcome(round_, deadline - now)
+                if outcome is None:
+                    continue
+                if outcome.error is not None:
+                    raise RendezvousStateError(outcome.error)
+                if outcome.closed:
+                    raise closed_error(node, self.get_run_id(), self._holder)
+                rank = outcome.ranks.get(node)
+                if rank is not None:
+                    return outcome, rank
+                round_ = outcome.round + 1
+                self._ticks.ask(Join(node, self._hint, round_))
+        finally:
+            self._ticks.stop()
 
     # -- beyond the documented API: for agents and operators -------------------
     def wait_for_change(self, timeout: float) -> bool:
@@ -313,7 +314,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Closes the rendezvous (as PyTorch does), stops the heartbeats and hands
         the steward lease back if this node holds it.
         """
-        self._stop_heartbeats()
+        self._heartbeats.stop()
         try:
             self.set_closed()
         except RendezvousError as exc:
@@ -322,6 +323,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         finally:
             self._office.stop()
             self._bootstrap.close()
+            self._ticks.close()
             if self._watcher is not None:
                 self._watcher.store.close()
                 self._watcher = None
@@ -377,26 +379,3 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Heartbeat and watch the lease, as while joining."""
         self._board.beat(self._node)
         self._office.watch(now)
-
-    def _start_heartbeats(self) -> None:
-        stop = threading.Event()
-        self._heartbeat_stop = stop
-        thread = threading.Thread(
-            target=self._beat_until,
-            args=(stop,),
-            name=f"tp-rdzv-heartbeat-{self._node}",
-            daemon=True,
-        )
-        thread.start()
-
-    def _beat_until(self, stop: threading.Event) -> None:
-        while not stop.wait(self._tick):
-            try:
-                self._board.beat(self._node)
-            except RendezvousError as exc:
-                self._event(logging.WARNING, "heartbeat_failed", f"heartbeat failed: {exc}")
-
-    def _stop_heartbeats(self) -> None:
-        if self._heartbeat_stop is not None:
-            self._heartbeat_stop.set()
-            self._heartbeat_stop = None

@@ -68,7 +68,7 @@ class Tenure:
 
     def _write(self, epoch: int, holder: str, beat: int, round_: int) -> None:
         desired = Lease.encode(epoch, holder, beat, round_)
-        if not self._board.swap_lease(self._raw, desired):
+        if self._board.swap_lease(self._raw, desired) != desired:
             raise LeaseLost
         self._raw, self.epoch, self._beat, self.round = desired, epoch, beat, round_
 
@@ -109,12 +109,14 @@ class StewardOffice:
         """Whether this node's steward thread is deciding (it ends when it loses the lease)."""
         return self._steward is not None and self._steward.running
 
-    def post(self, join: Join) -> None:
-        """Post ``join`` to the steward in office."""
-        self._board.post(join)
+    def post(self, join: Join, board: RendezvousBoard | None = None) -> None:
+        """Post ``join`` to the steward in office (through ``board``, by default the node's)."""
+        (board or self._board).post(join)
         self._posted_epoch = self._epoch
 
-    def watch(self, now: float, rejoin: Join | None = None) -> Lease:
+    def watch(
+        self, now: float, rejoin: Join | None = None, board: RendezvousBoard | None = None
+    ) -> Lease:
         """Read the lease; take it when vacant, ours without a thread, or frozen too long.
 
         ``now`` is this host's monotonic time. If a new steward took office
@@ -122,11 +124,12 @@ class StewardOffice:
         took from the mailbox but did not persist is lost with it. Returns the
         lease as it stands afterwards.
         """
-        lease = self._board.read_lease()
+        board = board or self._board
+        lease = board.read_lease()
         self._note(lease, now)
         mine = lease.holder == self._node.key
         if not lease.holder or (mine and not self.running):
-            lease = self._take(lease, now)
+            lease = self._take(board, lease, now)
         elif not mine and now - self._since >= self._bound:
             log_event(
                 log,
@@ -138,15 +141,15 @@ class StewardOffice:
                 node=self._node,
                 round_=lease.round,
             )
-            lease = self._take(lease, now)
+            lease = self._take(board, lease, now)
         if rejoin is not None and self._posted_epoch != self._epoch:
-            self.post(rejoin)
+            self.post(rejoin, board)
         return lease
 
-    def stop(self) -> None:
+    def stop(self, waker: RendezvousBoard | None = None) -> None:
         """Stop this node's steward thread, if any; it hands the lease back vacant."""
         if self._steward is not None:
-            self._steward.stop(waker=self._board)
+            self._steward.stop(waker=waker or self._board)
             self._steward = None
 
     def _note(self, lease: Lease, now: float) -> None:
@@ -154,15 +157,16 @@ class StewardOffice:
         if lease.raw != self._seen:
             self._seen, self._since = lease.raw, now
 
-    def _take(self, lease: Lease, now: float) -> Lease:
+    def _take(self, board: RendezvousBoard, lease: Lease, now: float) -> Lease:
         """Take over from ``lease`` and start deciding; the lease that holds afterwards."""
         desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
-        if not self._board.swap_lease(lease.raw, desired):
-            # Another node was faster: it is the steward now.
-            winner = self._board.read_lease()
+        held = board.swap_lease(lease.raw, desired)
+        if held != desired:
+            # Another node was faster: it is the steward now (the answer names it).
+            winner = Lease.parse(held)
             self._note(winner, now)
             return winner
-        self.stop()
+        self.stop(board)
         board = self._board.clone("the steward's connection")
         tenure = Tenure(board, self._node.key, desired)
         steward = Steward(self._node, self._settings, board, self._holder.clone(), tenure)

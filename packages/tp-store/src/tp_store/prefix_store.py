@@ -129,6 +129,10 @@ class PrefixStore(Store):
         """Pop the oldest value of the queue at ``key`` (see ``Store.queue_pop``)."""
         return self._store.queue_pop(self._key(key), block)
 
+    def queue_pop_many(self, key: Data, count: int) -> list[bytes]:
+        """Up to ``count`` of the oldest values of the queue at ``key``, without waiting."""
+        return self._store.queue_pop_many(self._key(key), count)
+
     def queue_len(self, key: Data) -> int:
         """The number of values in the queue at ``key``."""
         return self._store.queue_len(self._key(key))

@@ -381,6 +381,17 @@ class StoreContract:
         assert [store.queue_pop("q") for _ in range(3)] == [b"1", b"2", b"3"]
         assert store.queue_len(b"q") == 0
 
+    def test_queue_pop_many_takes_the_oldest_values_without_waiting(self, store: Store) -> None:
+        assert store.queue_pop_many("never", 5) == []
+        for value in ("1", "2", "3", "4"):
+            store.queue_push("q", value)
+        assert store.queue_pop_many("q", 0) == []
+        assert store.queue_pop_many("q", 3) == [b"1", b"2", b"3"]
+        assert store.queue_pop_many("q", 3) == [b"4"]
+        assert store.queue_len("q") == 0
+        with pytest.raises(ValueError, match="count"):
+            store.queue_pop_many("q", -1)
+
     def test_queue_pop_without_blocking_on_empty_raises(self, store: Store) -> None:
         with pytest.raises(QueueEmptyError):
             store.queue_pop("never", block=False)

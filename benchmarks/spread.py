@@ -1,0 +1,400 @@
+"""The spread scenario of ``rdzv_bench.py``: N nodes over P processes, the server alone.
+
+As on a real cluster, minus the network: every node has its own handler and
+its own store connection, ``N/P`` node threads share each of ``P`` node
+processes, and the store server runs alone in a process of its own (ours:
+``python -m tp_store``; torch's: a libuv master, as in ``store_bench.py``).
+min = max = N. The bench writes ``go`` to every node process at once; each node
+stamps its return on ``CLOCK_MONOTONIC``, which is system-wide, so every node's
+time from the start signal to its return is known. The server's CPU seconds
+(``/proc/<pid>/stat``) and the node processes' (``getrusage``) are measured
+over the same span.
+
+With ``victims``, that many nodes run in processes of their own; after the
+first round they are killed with SIGKILL and the survivors call
+``next_rendezvous()`` again (min = N - victims): the time is from the kill to
+the last survivor's return.
+
+Node processes are this file run as a script (``spread.py node ...``). With
+``profile`` (a directory), every node process and the server run under
+``py-spy record`` (collapsed stacks, ``node-<slot>.txt`` and ``server.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import queue
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from hostinfo import load_average
+from node_messages import NodeProcess, send_message
+from store_bench import Server, child_env, start_server
+
+#: Keep-alive settings of the first-round cases: no tick falls in a round that works.
+ROUND_CONFIG = {"keep_alive_interval": 5, "keep_alive_max_attempt": 3, "last_call_timeout": 1}
+#: Those of the kill case: dead nodes are found within 2 s.
+KILL_CONFIG = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2, "last_call_timeout": 0.5}
+#: Nodes per victim process in the kill case.
+VICTIMS_PER_PROCESS = 50
+
+
+@dataclass
+class SpreadCase:
+    """N nodes over P processes (and, to kill, ``victims`` more in processes of their own)."""
+
+    nodes: int
+    processes: int
+    victims: int = 0
+
+    @property
+    def name(self) -> str:
+        text = f"spread {self.nodes} nodes / {self.processes} processes"
+        return f"{text}, SIGKILL {self.victims}" if self.victims else text
+
+    @classmethod
+    def parse(cls, text: str) -> SpreadCase:
+        """``N:P`` or ``N:P:K`` (K nodes killed after the first round)."""
+        try:
+            parts = [int(part) for part in text.split(":")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want N:P or N:P:K, got {text!r}") from None
+        if len(parts) not in (2, 3) or min(parts[:2]) < 1 or parts[0] < parts[1]:
+            raise argparse.ArgumentTypeError(f"want N:P or N:P:K with N >= P >= 1, got {text!r}")
+        case = cls(*parts)
+        if case.victims and not 0 < case.victims < case.nodes:
+            raise argparse.ArgumentTypeError(f"K must be between 1 and N - 1, got {text!r}")
+        return case
+
+
+@dataclass
+class SpreadResult:
+    """What one spread run measured (seconds unless said otherwise)."""
+
+    first: float  # the first node's return, from the start signal
+    last: float  # the last node's
+    returns: list[float]  # every node's, sorted
+    server_cpu: float  # the server process's CPU seconds over the round
+    nodes_cpu: float  # all node processes' CPU seconds over the round
+    load: list[float] | None  # load averages at the end
+    ops: dict[str, int] = field(default_factory=dict)  # our server's requests in the round
+    recovery: float | None = None  # kill case: from the kill to the last survivor's return
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "first": round(self.first, 4),
+            "last": round(self.last, 4),
+            "returns": [round(value, 4) for value in self.returns],
+            "server_cpu": round(self.server_cpu, 3),
+            "nodes_cpu": round(self.nodes_cpu, 3),
+            "load": self.load,
+            "ops": self.ops,
+            "recovery": None if self.recovery is None else round(self.recovery, 4),
+        }
+
+
+# -- the bench's side -------------------------------------------------------------------
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def collect(
+    inbox: queue.Queue[tuple[int, dict]], event: str, slots: Sequence[int], deadline: float
+) -> dict[int, dict]:
+    """The next ``event`` message of each of ``slots``; ``TimeoutError`` at ``deadline``."""
+    found: dict[int, dict] = {}
+    while len(found) < len(slots):
+        try:
+            slot, message = inbox.get(timeout=max(deadline - time.monotonic(), 0))
+        except queue.Empty:
+            missing = sorted(set(slots) - found.keys())
+            raise TimeoutError(f"no {event!r} from node processes {missing}") from None
+        if slot not in slots:
+            continue
+        if message["event"] == event:
+            found[slot] = message
+        elif message["event"] in {"error", "eof"}:
+            detail = message.get("error", "the process exited")
+            raise RuntimeError(f"node process {slot} failed waiting for {event!r}: {detail}")
+    return found
+
+
+def split(count: int, parts: int) -> list[int]:
+    """``count`` nodes over ``parts`` processes, as evenly as can be."""
+    return [count // parts + (1 if index < count % parts else 0) for index in range(parts)]
+
+
+def run_spread(
+    impl: str, case: SpreadCase, timeout: float, run_id: str, profile: Path | None = None
+) -> SpreadResult:
+    """Run ``case`` for ``impl``; raises ``TimeoutError`` past ``timeout`` seconds a round."""
+    min_nodes = case.nodes - case.victims
+    counts = split(min_nodes, case.processes)
+    victims = split(case.victims, -(-case.victims // VICTIMS_PER_PROCESS)) if case.victims else []
+    spec = {
+        "impl": impl,
+        "run_id": run_id,
+        "min_nodes": min_nodes,
+        "max_nodes": case.nodes,
+        "config": KILL_CONFIG if case.victims else ROUND_CONFIG,
+        "timeout": timeout,
+    }
+    with start_server(impl, timeout) as server:
+        group = _Group(server, timeout, profile)
+        try:
+            for count in [*counts, *victims]:
+                group.start(spec | {"count": count, "endpoint": f"{server.host}:{server.port}"})
+            group.collect("ready", group.slots, max(timeout, 120))
+            result = group.first_round(case.nodes)
+            if victims:
+                result.recovery = group.recovery(group.slots[len(counts) :], min_nodes)
+            return result
+        finally:
+            group.stop()
+
+
+class _Group:
+    """The node processes of one run, the server they use, and their messages."""
+
+    def __init__(self, server: Server, timeout: float, profile: Path | None) -> None:
+        self.server = server
+        self.timeout = timeout
+        self.profile = profile
+        self.inbox: queue.Queue[tuple[int, dict]] = queue.Queue()
+        self.nodes: list[NodeProcess] = []
+        self.profilers = [] if profile is None else [self._profile_server()]
+
+    @property
+    def slots(self) -> list[int]:
+        return [node.slot for node in self.nodes]
+
+    def start(self, spec: dict[str, Any]) -> None:
+        script = [sys.executable, str(Path(__file__).resolve()), "node", json.dumps(spec)]
+        command = [*self._profiled(f"node-{len(self.nodes)}"), *script]
+        self.nodes.append(NodeProcess(len(self.nodes), command, self.inbox, child_env()))
+
+    def collect(self, event: str, slots: Sequence[int], timeout: float) -> dict[int, dict]:
+        return collect(self.inbox, event, slots, time.monotonic() + timeout)
+
+    def first_round(self, size: int) -> SpreadResult:
+        """Every node's first round, from one start signal; verified."""
+        ours = self.server.impl == "ours"
+        ops_before = self._server_ops() if ours else {}
+        server_cpu = process_cpu_seconds(self.server.proc.pid)
+        started = time.monotonic()
+        for node in self.nodes:
+            node.tell("next")
+        joined = self.collect("joined", self.slots, self.timeout)
+        server_cpu = process_cpu_seconds(self.server.proc.pid) - server_cpu
+        ops = self._server_ops() if ours else {}
+        returns = sorted(at - started for message in joined.values() for at in message["at"])
+        self._verify(joined, size)
+        return SpreadResult(
+            first=returns[0],
+            last=returns[-1],
+            returns=returns,
+            server_cpu=server_cpu,
+            nodes_cpu=sum(message["cpu"] for message in joined.values()),
+            load=load_average(),
+            ops={op: count - ops_before.get(op, 0) for op, count in ops.items() if count},
+        )
+
+    def recovery(self, victims: Sequence[int], survivors: int) -> float:
+        """SIGKILL the processes of ``victims``; seconds until every survivor's next round."""
+        killed_at = time.monotonic()
+        for slot in victims:
+            os.kill(self.nodes[slot].proc.pid, signal.SIGKILL)
+        alive = [slot for slot in self.slots if slot not in victims]
+        for slot in alive:
+            self.nodes[slot].tell("next")
+        joined = self.collect("joined", alive, self.timeout)
+        self._verify(joined, survivors)
+        return max(at for message in joined.values() for at in message["at"]) - killed_at
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        for profiler in self.profilers:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait()
+
+    def _verify(self, joined: dict[int, dict], size: int) -> None:
+        """Ranks 0..size-1 once each, world size ``size``, one participant list (ours)."""
+        for slot in joined:
+            self.nodes[slot].tell("digest")
+        digested = self.collect("digests", list(joined), self.timeout)
+        reports = list(joined.values())
+        ranks = sorted(rank for report in reports for rank in report["ranks"])
+        if ranks != list(range(size)):
+            raise RuntimeError(f"ranks are not 0..{size - 1} once each: {ranks[:20]}")
+        worlds = {world for report in reports for world in report["world_sizes"]}
+        if worlds != {size}:
+            raise RuntimeError(f"world sizes {sorted(worlds)}, expected {size}")
+        digests = {digest for report in digested.values() for digest in report["participants"]}
+        if len(digests) > 1:
+            raise RuntimeError(f"{len(digests)} different participant lists")
+
+    def _server_ops(self) -> dict[str, int]:
+        from tp_store import TCPStore
+
+        client = TCPStore(self.server.host, self.server.port, timeout=60)
+        try:
+            return dict(client.server_stats()["ops"])
+        finally:
+            client.close()
+
+    def _profiled(self, name: str) -> list[str]:
+        """The command prefix that runs a process under py-spy (on-GIL samples), if profiling."""
+        if self.profile is None:
+            return []
+        self.profile.mkdir(parents=True, exist_ok=True)
+        output = str(self.profile / f"{name}.txt")
+        return [
+            "py-spy",
+            "record",
+            "-r",
+            "25",
+            "--format",
+            "raw",
+            "--gil",
+            "--threads",
+            "-o",
+            output,
+            "--",
+        ]
+
+    def _profile_server(self) -> subprocess.Popen[bytes]:
+        command = [*self._profiled("server")[:-1], "--pid", str(self.server.proc.pid)]
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# -- the node process's side --------------------------------------------------------------
+
+
+def node_main(spec: dict[str, Any]) -> int:
+    """``spec["count"]`` nodes, each on a thread and a connection of its own; obey stdin.
+
+    ``next``: every node calls ``next_rendezvous()``; the process reports when
+    each returned (``CLOCK_MONOTONIC``), the ranks, a digest of each
+    participant list and its CPU seconds. Exits when stdin closes.
+    """
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    threading.stack_size(256 * 1024)
+    handlers = [_make_handler(spec) for _ in range(spec["count"])]
+    rounds = [threading.Semaphore(0) for _ in handlers]
+    done: queue.Queue[tuple[float, Any, str | None]] = queue.Queue()
+
+    def node(index: int) -> None:
+        while True:
+            rounds[index].acquire()
+            try:
+                info = handlers[index].next_rendezvous()
+            except BaseException:
+                done.put((time.monotonic(), None, traceback.format_exc()))
+            else:
+                done.put((time.monotonic(), info, None))
+
+    for index in range(len(handlers)):
+        threading.Thread(target=node, args=(index,), daemon=True).start()
+    send_message("ready", pid=os.getpid())
+    for line in sys.stdin:
+        if line.strip() != "next":
+            continue
+        cpu = _cpu_seconds()
+        for gate in rounds:
+            gate.release()
+        returned = [done.get() for _ in handlers]
+        cpu = _cpu_seconds() - cpu
+        errors = [error for _, _, error in returned if error is not None]
+        if errors:
+            send_message("error", error=f"{len(errors)} node(s) raised; one:\n{errors[0]}")
+            continue
+        infos = [info for _, info, _ in returned]
+        send_message(
+            "joined",
+            at=[at for at, _, _ in returned],
+            ranks=[info.rank for info in infos],
+            world_sizes=[info.world_size for info in infos],
+            cpu=cpu,
+        )
+        # The participant lists are compared once every process has reported:
+        # hashing them here would take CPU from the nodes still in the round.
+        if sys.stdin.readline().strip() == "digest":
+            send_message("digests", participants=sorted({_digest(info) for info in infos} - {None}))
+    os._exit(0)  # no shutdown: that closes the rendezvous, which is not what is measured
+
+
+def _make_handler(spec: dict[str, Any]) -> Any:
+    host, port = spec["endpoint"].rsplit(":", 1)
+    timeout = timedelta(seconds=spec["timeout"])
+    config = spec["config"]
+    if spec["impl"] == "ours":
+        from tp_rdzv_api import RendezvousTimeout
+        from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
+        from tp_store import TCPStore
+
+        store: Any = TCPStore(host, int(port), timeout=timeout)
+        backend: Any = TpRendezvousBackend(store, spec["run_id"])
+        handler_class: Any = DynamicRendezvousHandler
+        last_call = timedelta(seconds=config["last_call_timeout"])
+        rdzv_timeout: Any = RendezvousTimeout(join=timeout, last_call=last_call)
+    else:
+        import torch.distributed as dist
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+            C10dRendezvousBackend,
+        )
+
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        backend = C10dRendezvousBackend(store, spec["run_id"])
+        handler_class = dynamic_rendezvous.DynamicRendezvousHandler
+        # torch's timeouts are whole seconds (0.5 reads as 0, which it refuses).
+        last_call = timedelta(seconds=max(1, round(config["last_call_timeout"])))
+        rdzv_timeout = dynamic_rendezvous.RendezvousTimeout(join=timeout, last_call=last_call)
+    return handler_class.from_backend(
+        spec["run_id"],
+        store,
+        backend,
+        spec["min_nodes"],
+        spec["max_nodes"],
+        local_addr="127.0.0.1",
+        timeout=rdzv_timeout,
+        keep_alive_interval=config["keep_alive_interval"],
+        keep_alive_max_attempt=config["keep_alive_max_attempt"],
+    )
+
+
+def _digest(info: Any) -> str | None:
+    participants = getattr(info, "participants", None)
+    if participants is None:
+        return None  # torch's RendezvousInfo carries none
+    return hashlib.sha256(repr([str(p) for p in participants]).encode()).hexdigest()
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["node"] or len(sys.argv) != 3:
+        sys.exit("usage: spread.py node SPEC (rdzv_bench.py --spread runs this)")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    sys.exit(node_main(json.loads(sys.argv[2])))
