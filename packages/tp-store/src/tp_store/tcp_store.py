@@ -737,7 +737,7 @@ class TCPStore(Store):
         with self._lock:
             while len(values) < count:
                 asked = min(count - len(values), _POPS_PER_SEND)
-                sock = self._socket(self.timeout.total_seconds())
+                sock = self._socket(self._timeout_seconds)
                 try:
                     sock.sendall(request * asked)
                     replies = [self._receive(QueuePop.reply) for _ in range(asked)]
