@@ -77,12 +77,10 @@ _unpack_u64 = U64.unpack_from
 _unpack_i64 = I64.unpack_from
 _pack_i64 = I64.pack
 _pack_u64 = U64.pack
-_OP_SET: Final = int(Opcode.SET)
-_OP_GET: Final = int(Opcode.GET)
-_OP_ADD: Final = int(Opcode.ADD)
-_OP_CHECK: Final = int(Opcode.CHECK)
-_OP_WAIT: Final = int(Opcode.WAIT)
-_OP_WAIT_GET: Final = int(Opcode.WAIT_GET)
+# Plain ints: compared with the opcode byte without the enum's lookups.
+_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
+    int, (Opcode.SET, Opcode.GET, Opcode.ADD, Opcode.CHECK, Opcode.WAIT, Opcode.WAIT_GET)
+)
 
 #: Which requests are parsed in a phase (a WAITING connection may only cancel).
 _WAITING_LAYOUTS: Final[Layouts] = {Opcode.CANCEL_WAIT: LAYOUTS[Opcode.CANCEL_WAIT]}
