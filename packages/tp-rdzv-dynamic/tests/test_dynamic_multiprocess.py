@@ -10,7 +10,9 @@ stuck CI job.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,6 +21,9 @@ from typing import Any
 
 import pytest
 from dynamic_node import NodeProcess
+
+import tp_rdzv_api
+from tp_rdzv_dynamic.status import RendezvousStatus
 
 Spawn = Callable[..., NodeProcess]
 
@@ -321,6 +326,76 @@ def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int) -> None:
         f"{LIVENESS_BOUND:g} s (+2 s allowed)"
     )
     check_exchange(new_order, answers)
+
+
+def _observer(endpoint: str, run_id: str) -> Any:
+    """A handler that only reads the run's status, as ``tp-rdzv status`` does.
+
+    Never shut down: that would close the rendezvous.
+    """
+    return tp_rdzv_api.create_handler(
+        tp_rdzv_api.RendezvousParameters(
+            "core", endpoint, run_id, min_nodes=1, max_nodes=1, is_host=False
+        )
+    )
+
+
+def _observe_until(
+    observer: Any, what: str, condition: Callable[[RendezvousStatus], bool]
+) -> RendezvousStatus:
+    """The run's status once ``condition`` holds."""
+    deadline = time.monotonic() + ROUND_TIMEOUT
+    while True:
+        status: RendezvousStatus = observer.status()
+        if condition(status):
+            return status
+        assert time.monotonic() < deadline, f"{what} within {ROUND_TIMEOUT:g} s: {status}"
+        time.sleep(0.05)  # polling the store: the event happens in other processes
+
+
+def test_a_waiting_node_found_dead_by_mistake_joins_again(
+    spawn_node: Spawn, free_port: int
+) -> None:
+    """A node stalled past the liveness bound while it waits (a paused VM, a
+    swapping host) is dropped by the steward; once it runs again it must be
+    seated in the round, not wait out its join timeout unseated."""
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    specs = [
+        (
+            f"n{i}",
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=3,
+                max_nodes=3,
+                is_host=i == 0,
+                keep_alive_interval=KEEP_ALIVE_INTERVAL,
+                keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+            ),
+        )
+        for i in range(3)
+    ]
+    host, stalled, late = start_nodes(spawn_node, specs)
+    observer = _observer(endpoint, run_id)
+    host.send("next")
+    _observe_until(observer, "the host gathered", lambda s: len(s.participants) == 1)
+    stalled.send("next")
+    joined = _observe_until(observer, "both gathered", lambda s: len(s.participants) == 2)
+    names = {node.node for node in joined.participants}
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        _observe_until(
+            observer,
+            "the stalled node dropped",
+            lambda s: {node.node for node in s.participants} < names,
+        )
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    late.send("next")
+    nodes = [host, stalled, late]
+    answers = collect(nodes, ROUND_TIMEOUT, "the round of all three")
+    check_round(nodes, answers)
 
 
 # ---------------------------------------------------------------------------

@@ -57,9 +57,25 @@ class RendezvousBoard:
             return RendezvousBoard(self.store.clone(), self.run_id)
 
     # -- what every node does -------------------------------------------------
-    def beat(self, node: _NodeDesc) -> None:
-        """One heartbeat of ``node``."""
-        self._call("sending a heartbeat", lambda: self.store.add(self.keys.heartbeat(node.key), 1))
+    def beat(self, node: _NodeDesc) -> int:
+        """One heartbeat of ``node``; returns its counter, which only the node moves.
+
+        A counter that went down was reset by a steward that found the node
+        dead (:meth:`reset_heartbeats`).
+        """
+        return self._call(
+            "sending a heartbeat", lambda: self.store.add(self.keys.heartbeat(node.key), 1)
+        )
+
+    def reset_heartbeats(self, nodes: Sequence[_NodeDesc]) -> None:
+        """Set the counters of ``nodes``, found dead, back to zero (one round trip).
+
+        Zero, not deleted: a sample of a node still named in a state waits
+        for its counter to exist.
+        """
+        keys = [self.keys.heartbeat(node.key) for node in nodes]
+        with self._store_errors("resetting heartbeats"):
+            self.store.multi_set(keys, [b"0"] * len(keys))
 
     def post(self, event: Message, receipt: str | None = None) -> None:
         """Put ``event`` in the mailbox for the steward."""

@@ -220,7 +220,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         board, node = self._board, self._node
         now = time.monotonic()
         deadline = now + self._settings.timeout.join.total_seconds()
-        board.beat(node)
+        counter = board.beat(node)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
         # The round comes with the lease, read before posting: read after, it
@@ -236,7 +236,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._office.post(Join(node, self._hint, round_))
         # This thread stays in one wait for the outcome; the ticks heartbeat
         # and watch the lease meanwhile, from the process's scheduler.
-        self._ticks.start(Join(node, self._hint, round_))
+        self._ticks.start(Join(node, self._hint, round_), counter)
         try:
             while True:
                 now = time.monotonic()

@@ -144,7 +144,9 @@ class JoinTicks:
     """A waiting node's ticks, from the scheduler's thread on a board of their own.
 
     Each tick: a heartbeat, the lease (taken over if its steward went silent),
-    and the join posted again to a new steward. The node's own thread stays
+    and the join posted again to a new steward, or to the steward in office
+    if it found this node dead (the counter went down: it was reset). The
+    node's own thread stays
     parked in one wait for its outcome meanwhile; it used to wake every tick,
     cancel that wait, do the same and wait again, and hundreds of node threads
     of a process doing so fought for the GIL.
@@ -170,13 +172,16 @@ class JoinTicks:
         self._board: RendezvousBoard | None = None
         self._lock = threading.Lock()  # the join asked for, and the office while a tick uses it
         self._join: Join | None = None
+        self._counter = 0  # the heartbeat counter as this node last saw it
         self._ticket: int | None = None
 
-    def start(self, join: Join) -> None:
-        """Tick while ``join`` waits; the first tick at a random point of the second half
-        of the interval, so that nodes that started together tick apart."""
+    def start(self, join: Join, counter: int) -> None:
+        """Tick while ``join`` waits, the heartbeat ``counter`` as the node last saw it;
+        the first tick at a random point of the second half of the interval, so
+        that nodes that started together tick apart."""
         with self._lock:
             self._join = join
+            self._counter = counter
         self._ticket = HEARTBEATS.start(
             self._tick, self._interval, first=self._interval * random.uniform(0.5, 1.0)
         )
@@ -206,15 +211,31 @@ class JoinTicks:
             if self._board is None:
                 self._board = self._node_board.clone("the ticks' connection")
             board = self._board
-            board.beat(self._node)
+            counter = board.beat(self._node)
             with self._lock:
                 if self._join is None:
                     return  # the node has its outcome, or gave up
                 round_ = self._join.round
+                found_dead, self._counter = counter <= self._counter, counter
                 self._office.watch(time.monotonic(), rejoin=self._join, board=board)
+                if found_dead:
+                    self._rejoin(self._join, board)
         except RendezvousError as exc:
             # The node's own wait meets the same store, and fails or times out.
             _warn(self._node_board.run_id, self._node, round_, f"a tick failed: {exc}")
+
+    def _rejoin(self, join: Join, board: RendezvousBoard) -> None:
+        """Post ``join`` again: the steward found this node dead and dropped it."""
+        log_event(
+            log,
+            logging.WARNING,
+            "rejoining",
+            f"the steward found {self._node} dead while it waited; it joins again",
+            run_id=board.run_id,
+            node=self._node,
+            round_=join.round,
+        )
+        self._office.post(join, board)
 
 
 def _warn(run_id: str, node: _NodeDesc, round_: int, message: str) -> None:

@@ -175,6 +175,7 @@ class Steward:
             wake_at = min(wake_at, self._last_call_at)
         events: list[Event] = []
         receipts: list[str] = []
+        dead: list[Leave] = []
         if self.board.await_mail(max(wake_at - now, 0.0)):
             for event, receipt in self.board.take_mail():
                 if event is not None:
@@ -191,11 +192,17 @@ class Steward:
             flush = now >= self._next_flush
             if flush:
                 self._next_flush = now + self._tick
-            events.extend(self._find_dead(now, report=flush))
+            dead = self._find_dead(now, report=flush)
+            events.extend(dead)
             self._next_scan = now + self._scan_every
         expired = self._last_call_at is not None and now >= self._last_call_at
         if events or expired or flush:
             self._decide(events, expired, flush=flush)
+        if dead:
+            # After the leave is persisted: a node found dead that was only
+            # slow sees its counter start again at its next beat and re-posts
+            # its join, instead of waiting out its join timeout unseated.
+            self.board.reset_heartbeats([event.node for event in dead])
         self.board.confirm(receipts)
         self._beat_if_due()
 
@@ -205,7 +212,7 @@ class Steward:
             self._tenure.beat(self._round_hint())
             self._next_beat = now + self._tick
 
-    def _find_dead(self, now: float, report: bool) -> list[Event]:
+    def _find_dead(self, now: float, report: bool) -> list[Leave]:
         members = list(self._state.members())
         unseen = [node for node in members if not self._liveness.tracks(node.key)]
         counters = self.board.sample_heartbeats(members, unseen)
