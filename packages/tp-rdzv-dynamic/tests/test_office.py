@@ -36,6 +36,16 @@ def office(server: TCPStore) -> Iterator[StewardOffice]:
     store.close()
 
 
+def write_lease(server: TCPStore, lease: bytes) -> None:
+    """Set the lease as another node would, applied before the office reads it.
+
+    A SET has no reply: the read on the same connection makes sure the server
+    applied it before a request of the office's own connection arrives.
+    """
+    server.set(LEASE, lease)
+    assert server.get(LEASE) == lease
+
+
 def test_a_vacant_lease_is_taken_and_the_steward_decides(office, server):
     lease = office.watch(0.0)
     assert (lease.holder, lease.epoch) == (NODE.key, 1)
@@ -54,7 +64,7 @@ def test_a_frozen_lease_is_taken_after_the_bound_and_the_join_goes_to_the_new_st
     office, server
 ):
     # A steward that took a join from the mailbox, then froze (its lease stopped moving).
-    server.set(LEASE, Lease.encode(5, "ghost_1_0", 9, 0))
+    write_lease(server, Lease.encode(5, "ghost_1_0", 9, 0))
     assert office.watch(100.0).holder == "ghost_1_0"
     office.post(Join(NODE, None, 0))
     server.queue_pop(f"tp_rdzv/{RUN}/mailbox")  # the ghost drained it, and is gone
@@ -70,7 +80,7 @@ def test_a_frozen_lease_is_taken_after_the_bound_and_the_join_goes_to_the_new_st
 
 def test_a_moving_lease_is_never_taken(office, server):
     for beat in range(5):
-        server.set(LEASE, Lease.encode(2, "busy_1_0", beat, 0))
+        write_lease(server, Lease.encode(2, "busy_1_0", beat, 0))
         assert office.watch(BOUND * beat).holder == "busy_1_0"
     assert not office.running
 
@@ -78,13 +88,13 @@ def test_a_moving_lease_is_never_taken(office, server):
 def test_a_tenure_stops_at_the_first_write_after_another_node_took_the_lease(server):
     store = server.clone()
     taken = Lease.encode(3, NODE.key, 0, 0)
-    server.set(LEASE, taken)
+    write_lease(server, taken)
     tenure = Tenure(RendezvousBoard(store, RUN), NODE.key, taken)
     tenure.beat(0)
     tenure.hint(2)
     assert Lease.parse(server.get(LEASE)).round == 2
     usurper = Lease.encode(4, "usurper_1_0", 0, 2)
-    server.set(LEASE, usurper)
+    write_lease(server, usurper)
     with pytest.raises(LeaseLost):
         tenure.beat(2)
     tenure.resign(2)  # leaves the usurper's lease alone
