@@ -16,6 +16,7 @@ from tp_store.protocol import (
     TRANSITIONS,
     Add,
     AuthRefused,
+    Check,
     ClientSession,
     CompareSet,
     Event,
@@ -235,3 +236,62 @@ def test_each_frame_writes_what_its_request_encodes() -> None:
     assert Add.frame(b"/k", -(2**63)) == Add(b"/k", -(2**63)).encode()
     assert Wait.frame(keys) == Wait(keys).encode()
     assert WaitGet.frame(keys) == WaitGet(keys).encode()
+
+
+HOT_REQUESTS = [
+    Set.frame(b"/k", b"v"),
+    Add.frame(b"/n", 5),
+    Add.frame(b"/n", -2),
+    Get.frame(b"/k"),
+    Get.frame(b"/missing"),
+    Wait.frame((b"/k",)),
+    WaitGet.frame((b"/n",)),
+    Check((b"/k",)).encode(),
+    Check((b"/missing",)).encode(),
+]
+
+
+def test_the_direct_path_answers_as_the_general_one(state: StoreState) -> None:
+    direct, general = Pair(state, None, None), Pair(StoreState(), None, None)
+    direct.connect()
+    general.connect()
+    for frame in HOT_REQUESTS:
+        reply = direct.server.answer(frame)
+        general.server.receive(frame)
+        assert general.server.serve() is Turn.IDLE
+        assert reply == b"".join(general.server.outbox), frame
+        general.server.outbox.clear()
+    assert direct.ops == general.ops
+    assert state.data == {b"/k": b"v", b"/n": b"3"}
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        Add.frame(b"/n", 1)[:-1],  # not whole yet
+        Add.frame(b"/n", 1) * 2,  # pipelined
+        Wait.frame((b"/missing",)),  # parks
+        WaitGet.frame((b"/missing",)),
+        Wait.frame((b"/k", b"/k")),  # more than one key
+        Set.frame(b"/big", b"x" * (Limits().max_value_bytes + 1)),  # over a limit
+        CompareSet.frame(b"/k", b"v", b"w"),  # not a hot request
+    ],
+)
+def test_the_direct_path_leaves_the_rest_to_the_general_one(
+    state: StoreState, frame: bytes
+) -> None:
+    pair = Pair(state, None, None)
+    pair.connect()
+    state.set(b"/k", b"v")
+    assert pair.server.answer(frame) is None
+    assert state.data == {b"/k": b"v"}
+    assert sum(pair.ops) == 2  # the handshake's VALIDATE and PING only
+
+
+def test_the_direct_path_waits_for_the_handshake_and_the_buffer(state: StoreState) -> None:
+    pair = Pair(state, None, None)
+    assert pair.server.answer(Add.frame(b"/n", 1)) is None  # before VALIDATE
+    pair.connect()
+    pair.server.receive(Add.frame(b"/n", 1)[:3])
+    assert pair.server.answer(Add.frame(b"/n", 1)) is None  # behind a partial request
+    assert b"/n" not in state.data

@@ -88,6 +88,8 @@ class Store:
 
     def __init__(self, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
         self._timeout = as_timedelta(timeout)
+        #: ``timeout`` in seconds, read on every request of a network store.
+        self._timeout_seconds = self._timeout.total_seconds()
 
     # -- configuration -----------------------------------------------------
     @property
@@ -98,9 +100,12 @@ class Store:
     def set_timeout(self, timeout: Timeout) -> None:
         """Change the default timeout of blocking operations."""
         self._timeout = as_timedelta(timeout)
+        self._timeout_seconds = self._timeout.total_seconds()
 
     def _deadline_seconds(self, timeout: Timeout | None) -> float:
-        return (self._timeout if timeout is None else as_timedelta(timeout)).total_seconds()
+        if timeout is None:
+            return self._timeout_seconds
+        return as_timedelta(timeout).total_seconds()
 
     def has_extended_api(self) -> bool:
         """Whether the store implements ``append``, ``multi_get`` and ``multi_set`` itself.

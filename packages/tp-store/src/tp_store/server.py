@@ -273,8 +273,23 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        self._counters.bytes_received += len(data)
-        self._session.receive(data)
+        counters = self._counters
+        counters.bytes_received += len(data)
+        session = self._session
+        transport = self._transport
+        if transport is not None and not self._writing_paused:
+            # One whole hot request with nothing before it: answered directly.
+            try:
+                reply = session.answer(data)
+            except (ValueError, OverflowError) as exc:  # a bad ADD, or the key limit
+                self._fail(transport, exc, "protocol_error")
+                return
+            if reply is not None:
+                if reply:
+                    counters.bytes_sent += len(reply)
+                    transport.write(reply)
+                return
+        session.receive(data)
         self._serve()
 
     def pause_writing(self) -> None:

@@ -51,6 +51,7 @@ from .errors import (
 from .protocol import (
     BYTES_REPLY,
     FLAG_REPLY,
+    INCOMPLETE,
     Add,
     Append,
     Barrier,
@@ -302,6 +303,7 @@ class TCPStore(Store):
             self._start_server(multi_tenant, master_listen_fd)
         # Made once the port is known (a master's may have been picked).
         self._session = ClientSession(self._host, self._port, self._secret)
+        self._replies = self._session.replies  # one buffer for the session's life
         with self._lock:
             self._connect()
         if world_size is not None and wait_for_workers:
@@ -401,7 +403,7 @@ class TCPStore(Store):
 
         state = self._server.server.state
         self._server.call(lambda: state.watch(INIT_KEY, on_init))
-        if not joined.wait(self.timeout.total_seconds()):
+        if not joined.wait(self._timeout_seconds):
             raise StoreTimeoutError(
                 f"timed out after {self.timeout} waiting for {world_size} store users on "
                 f"{self.endpoint}; {seen[0]} joined",
@@ -411,7 +413,7 @@ class TCPStore(Store):
     # -- connection -----------------------------------------------------------------
     def _connect(self) -> None:
         """Connect and handshake, retrying with backoff until the timeout (lock held)."""
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        deadline = time.monotonic() + self._timeout_seconds
         delay = _CONNECT_BACKOFF_INITIAL
         host = _dial_host(self._host)
         while True:
@@ -432,7 +434,7 @@ class TCPStore(Store):
             break
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = tcp if self._ssl_context is None else self._tls_handshake(tcp, host)
-        store_timeout = self.timeout.total_seconds()
+        store_timeout = self._timeout_seconds
         if isinstance(sock, ssl.SSLSocket):
             sock.settimeout(store_timeout)
         else:
@@ -527,14 +529,19 @@ class TCPStore(Store):
 
     def _receive(self, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
-        replies = self._session.replies
+        replies = self._replies
         sock = self._sock
         assert sock is not None
-        while isinstance(value := replies.read(reply, count), Incomplete):
+        # Nothing buffered, as a rule: the reply is read at once, not looked for
+        # first; unless it may be empty (MULTI_GET of no keys on a PyTorch server).
+        value: _T | Incomplete = INCOMPLETE
+        if replies.buffered or not reply.min_size:
+            value = replies.read(reply, count)
+        while isinstance(value, Incomplete):
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
-            replies.feed(data)
+            value = replies.received(data, reply, count)
         return value
 
     def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:
@@ -548,7 +555,7 @@ class TCPStore(Store):
     def _send(self, payload: bytes) -> None:
         """Send a request that has no reply."""
         with self._lock:
-            sock = self._socket(self.timeout.total_seconds())
+            sock = self._socket(self._timeout_seconds)
             try:
                 sock.sendall(payload)
             except OSError as exc:
@@ -558,8 +565,8 @@ class TCPStore(Store):
         """Send a request and read its reply, within the store timeout."""
         with self._lock:
             sock = self._sock
-            if sock is None or self._recv_timeout != self._timeout.total_seconds():
-                sock = self._socket(self._timeout.total_seconds())
+            if sock is None or self._recv_timeout != self._timeout_seconds:
+                sock = self._socket(self._timeout_seconds)
             try:
                 sock.sendall(payload)
                 return self._receive(reply, count)
@@ -613,7 +620,7 @@ class TCPStore(Store):
         """Cancel the parked wait; its reply if it was satisfied meanwhile, else None."""
         # The wait's own reply may be under way when CANCEL_WAIT arrives; then
         # both replies come, the wait's first.
-        self._socket(self.timeout.total_seconds())
+        self._socket(self._timeout_seconds)
         sock.sendall(self._session.cancel())
         first = self._receive(reply, count)
         if reply.status(first) != WaitReply.STOP_WAITING:
@@ -681,7 +688,7 @@ class TCPStore(Store):
         user_keys = _user_keys(keys)
         if self._session.extended:
             frame = WaitGet.frame(user_keys)
-            timeout = self.timeout.total_seconds()
+            timeout = self._timeout_seconds
             _, values = self._blocking(frame, WaitGet.reply, len(user_keys), timeout, keys)
             return self._fetched(values)
         self.wait(keys)
@@ -706,7 +713,7 @@ class TCPStore(Store):
 
     def queue_pop(self, key: Data, block: bool = True) -> bytes:
         request = QueuePop(_user_key(key)).encode()
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        deadline = time.monotonic() + self._timeout_seconds
         while True:
             if block:
                 self.wait([key], max(deadline - time.monotonic(), 0.0))
@@ -730,7 +737,7 @@ class TCPStore(Store):
         with self._lock:
             while len(values) < count:
                 asked = min(count - len(values), _POPS_PER_SEND)
-                sock = self._socket(self.timeout.total_seconds())
+                sock = self._socket(self._timeout_seconds)
                 try:
                     sock.sendall(request * asked)
                     replies = [self._receive(QueuePop.reply) for _ in range(asked)]

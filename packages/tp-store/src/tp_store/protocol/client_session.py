@@ -30,6 +30,12 @@ from .replies import Incomplete, ReplyBuffer, ReplyFormat
 
 _T = TypeVar("_T")
 
+# Every wait's two moves, read from the table once: enum members hash in
+# Python, and a get makes both moves on a PyTorch server.
+_SERVING: Final = Phase.SERVING
+_WAITING: Final = advance(_SERVING, Event.PARKED)
+_WOKEN: Final = advance(_WAITING, Event.WOKEN)
+
 #: The handshake our client opens every connection with: VALIDATE, then a
 #: PING that offers the extensions (a PyTorch server just echoes it).
 HELLO: Final = Validate().encode() + Ping(EXTENSION_OFFER).encode()
@@ -151,11 +157,13 @@ class ClientSession:
     # -- waits ----------------------------------------------------------------------------
     def parked(self) -> None:
         """A WAIT, WAIT_GET or BARRIER was sent: until its reply, only CANCEL_WAIT may be."""
-        self.phase = advance(self.phase, Event.PARKED)
+        phase = self.phase
+        self.phase = _WAITING if phase is _SERVING else advance(phase, Event.PARKED)
 
     def woken(self) -> None:
         """The parked request was answered."""
-        self.phase = advance(self.phase, Event.WOKEN)
+        phase = self.phase
+        self.phase = _WOKEN if phase is _WAITING else advance(phase, Event.WOKEN)
 
     def cancel(self) -> bytes:
         """The CANCEL_WAIT to send for the parked request (its reply, or the wait's

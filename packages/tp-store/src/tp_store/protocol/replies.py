@@ -424,6 +424,14 @@ class ReplyBuffer:
         """Forget what is buffered (after a connection is lost)."""
         self._buf = b""
 
+    def received(self, data: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T | Incomplete:
+        """:meth:`feed` ``data``, then :meth:`read`: a client's every receive, in one call."""
+        if self._buf:
+            self.feed(data)
+        else:
+            self._buf = data
+        return self.read(reply, count)
+
     def read(self, reply: ReplyFormat[_T], count: int = 0) -> _T | Incomplete:
         """The next reply in ``reply``'s format, or :data:`INCOMPLETE`."""
         buf = self._buf

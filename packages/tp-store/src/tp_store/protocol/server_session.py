@@ -16,6 +16,7 @@ the connection.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -35,7 +36,9 @@ from .messages import (
 from .phases import Event, Phase, advance
 from .replies import (
     BYTES_REPLY,
+    I64,
     NONCE_REPLY,
+    U64,
     WAIT_GET_REPLY,
     CheckReply,
     WaitReply,
@@ -63,6 +66,21 @@ _NOT_READY: Final = b"\x01"
 _EXTENSIONS_ACCEPTED: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT)
 _EXTENSIONS_ACCEPTED_AUTH: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT_AUTH)
 _AUTH_REFUSED: Final = BYTES_REPLY.encode(b"")
+
+# The direct path's layouts: an opcode and a u64 (a key's length, or a key
+# count), and a count of one key followed by its length.
+_HEAD: Final = struct.Struct("<BQ")
+_ONE_KEY: Final = struct.Struct("<QQ")
+_unpack_head = _HEAD.unpack_from
+_unpack_one_key = _ONE_KEY.unpack_from
+_unpack_u64 = U64.unpack_from
+_unpack_i64 = I64.unpack_from
+_pack_i64 = I64.pack
+_pack_u64 = U64.pack
+# Plain ints: compared with the opcode byte without the enum's lookups.
+_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
+    int, (Opcode.SET, Opcode.GET, Opcode.ADD, Opcode.CHECK, Opcode.WAIT, Opcode.WAIT_GET)
+)
 
 #: Which requests are parsed in a phase (a WAITING connection may only cancel).
 _WAITING_LAYOUTS: Final[Layouts] = {Opcode.CANCEL_WAIT: LAYOUTS[Opcode.CANCEL_WAIT]}
@@ -197,6 +215,66 @@ class ServerSession:
         self.served = served
         self._turn_left = REQUESTS_PER_TURN
         return Turn.YIELD if parser.buffered else Turn.IDLE
+
+    def answer(self, data: bytes) -> bytes | None:
+        """The reply to ``data`` when it is exactly one whole SET, GET, ADD, or CHECK,
+        WAIT or WAIT_GET of one key that exists, on a serving session with nothing
+        buffered: what a client waiting for each reply sends. It is applied and
+        counted as :meth:`serve` would (b"": applied, no reply), without the parser
+        and the turn. None: nothing was done; :meth:`receive` and :meth:`serve` it.
+        """
+        length = len(data)
+        limits = self._limits
+        if (
+            self.phase is not _SERVING
+            or self._parser.buffered
+            or length < 9
+            or length > limits.max_message_bytes  # the parser refuses it
+        ):
+            return None
+        opcode, size = _unpack_head(data)
+        if opcode == _OP_ADD:
+            if length != 17 + size or size > limits.max_key_bytes:
+                return None
+            total = self._state.add(data[9 : 9 + size], _unpack_i64(data, 9 + size)[0])
+            reply = _pack_i64(total)
+        elif opcode == _OP_GET:
+            if length != 9 + size or size > limits.max_key_bytes:
+                return None
+            value = self._state.data.get(data[9:], b"")
+            reply = _pack_u64(len(value)) + value
+        elif opcode == _OP_SET:
+            stop = 9 + size
+            if length < stop + 8 or size > limits.max_key_bytes:
+                return None
+            value_size: int = _unpack_u64(data, stop)[0]
+            if length != stop + 8 + value_size or value_size > limits.max_value_bytes:
+                return None
+            self._state.set(data[9:stop], data[stop + 8 :])
+            reply = b""
+        elif opcode in (_OP_WAIT, _OP_WAIT_GET, _OP_CHECK):
+            if size != 1 or length < 17:
+                return None
+            size = _unpack_one_key(data, 1)[1]
+            if length != 17 + size or size > limits.max_key_bytes:
+                return None
+            key = data[17:]
+            state = self._state
+            if opcode == _OP_WAIT_GET:
+                found = state.data.get(key)
+                if found is None:
+                    return None  # parked, or a queue: the general path
+                reply = b"".join((_STOP_WAITING, _pack_u64(len(found)), found))
+            elif opcode == _OP_WAIT:
+                if not state.exists(key):
+                    return None
+                reply = _STOP_WAITING
+            else:
+                reply = _READY if state.exists(key) else _NOT_READY
+        else:
+            return None
+        self._ops[opcode] += 1
+        return reply
 
     def close(self) -> None:
         """End the session: its parked wait is dropped; nothing more is served."""
@@ -383,6 +461,7 @@ class ServerSession:
 
 
 _WHILE_WAITING: Final = "sent while a wait is pending"
+_SERVING: Final = Phase.SERVING
 
 _Handler = Callable[[ServerSession, list[Any]], Any]
 
