@@ -448,6 +448,8 @@ class WellBehaved:
         self.rng = random.Random(seed ^ 0x5EED)
         self.prefix = f"wb-{uuid.UUID(int=self.rng.getrandbits(128)).hex}"
         self.stop = threading.Event()
+        #: Set once the main client has done one whole round of its calls.
+        self.running = threading.Event()
         self.lock = threading.Lock()
         self.done = 0
         self.failures: list[str] = []
@@ -462,8 +464,16 @@ class WellBehaved:
         ]
 
     def start(self) -> None:
+        """Start both clients; returns once the main one has done a whole round.
+
+        Else a short fuzz run on a loaded machine could end before the main
+        client's first call, and the final check would look for keys it never
+        wrote.
+        """
         for thread in self.threads:
             thread.start()
+        if not self.running.wait(STEP_TIMEOUT):
+            self.fail(f"the main client did not finish a round within {STEP_TIMEOUT:g} s")
 
     def finish(self, server_alive: Callable[[], bool]) -> None:
         self.stop.set()
@@ -558,6 +568,7 @@ class WellBehaved:
                 store.set(f"{p}/seq{i}", f"seq-{i}")
                 self.last_seq = i
                 self.ok()
+                self.running.set()
                 i += 1
         finally:
             store.close()
