@@ -55,7 +55,7 @@ from typing import Any
 from hostinfo import host_info, load_average
 from metrics import Metric, format_table
 from node_messages import NodeProcess, send_message
-from spread import SpreadCase, SpreadResult, run_spread
+from spread import SpreadCase, SpreadResult, collect, run_spread
 
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
@@ -473,23 +473,7 @@ class NodeGroup:
         Messages from other nodes are dropped: the only ones expected are the
         end of output of the killed nodes.
         """
-        deadline = time.monotonic() + self.timeout
-        found: dict[int, dict] = {}
-        while len(found) < len(slots):
-            try:
-                slot, message = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                missing = sorted(set(slots) - found.keys())
-                pids = [self.nodes[s].proc.pid for s in missing]
-                raise TimeoutError(f"no {event!r} from nodes {missing} (pids {pids})") from None
-            if slot not in slots:
-                continue
-            if message["event"] == event:
-                found[slot] = message
-            elif message["event"] in {"error", "eof"}:
-                detail = message.get("error", "the process exited")
-                raise RuntimeError(f"node {slot} failed waiting for {event!r}: {detail}")
-        return found
+        return collect(self.inbox, event, slots, time.monotonic() + self.timeout)
 
     def close(self) -> None:
         """Let the nodes shut down (the store host last), then kill what is left."""
