@@ -67,12 +67,9 @@ _EXTENSIONS_ACCEPTED: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT)
 _EXTENSIONS_ACCEPTED_AUTH: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT_AUTH)
 _AUTH_REFUSED: Final = BYTES_REPLY.encode(b"")
 
-# The direct path's layouts: an opcode and a u64 (a key's length, or a key
-# count), and a count of one key followed by its length.
+# The direct path's layout: an opcode and a u64 (a key's length, or a key count).
 _HEAD: Final = struct.Struct("<BQ")
-_ONE_KEY: Final = struct.Struct("<QQ")
 _unpack_head = _HEAD.unpack_from
-_unpack_one_key = _ONE_KEY.unpack_from
 _unpack_u64 = U64.unpack_from
 _unpack_i64 = I64.unpack_from
 _pack_i64 = I64.pack
@@ -252,25 +249,26 @@ class ServerSession:
                 return None
             self._state.set(data[9:stop], data[stop + 8 :])
             reply = b""
-        elif opcode in (_OP_WAIT, _OP_WAIT_GET, _OP_CHECK):
+        elif opcode == _OP_WAIT or opcode == _OP_WAIT_GET or opcode == _OP_CHECK:
             if size != 1 or length < 17:
                 return None
-            size = _unpack_one_key(data, 1)[1]
+            size = _unpack_u64(data, 9)[0]
             if length != 17 + size or size > limits.max_key_bytes:
                 return None
             key = data[17:]
             state = self._state
-            if opcode == _OP_WAIT_GET:
+            if opcode == _OP_WAIT:
+                # A value first (the common case), then the queues, without a call.
+                if key not in state.data and not state.exists(key):
+                    return None
+                reply = _STOP_WAITING
+            elif opcode == _OP_WAIT_GET:
                 found = state.data.get(key)
                 if found is None:
                     return None  # parked, or a queue: the general path
                 reply = b"".join((_STOP_WAITING, _pack_u64(len(found)), found))
-            elif opcode == _OP_WAIT:
-                if not state.exists(key):
-                    return None
-                reply = _STOP_WAITING
             else:
-                reply = _READY if state.exists(key) else _NOT_READY
+                reply = _READY if key in state.data or state.exists(key) else _NOT_READY
         else:
             return None
         self._ops[opcode] += 1
