@@ -116,13 +116,13 @@ class Steward:
             self._tenure.resign(self._round_hint())
         except LeaseLost:
             self._event(logging.INFO, "lease_lost", f"steward {self.node} lost the lease")
-            self._hand_back()
         except RendezvousStateError as exc:
             log.error("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
             self._report(exc)
         except RendezvousError as exc:
             log.warning("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
         finally:
+            self._hand_back()
             self.board.store.close()
             self.holder.close()
 
@@ -225,12 +225,13 @@ class Steward:
             self._beat()
 
     def _hand_back(self) -> None:
-        """Return to the mailbox what this steward took and nobody else will post again.
+        """Return to the mailbox the batch under way when this steward stopped.
 
-        That is the batch under way when the lease was lost: the messages of
-        nodes that posted after reading the new steward's epoch, and leaves
-        (their senders never post them again). Dead-node leaves this steward
-        found are not messages: the new steward finds those nodes itself.
+        It stops in a batch when it lost the lease or the store failed; that
+        batch may hold messages nobody will post again: those of nodes that
+        read a new steward's epoch before posting, and leaves (their senders
+        never post them again). Dead-node leaves this steward found are not
+        messages: the next steward finds those nodes itself.
         """
         if not self._taken:
             return
