@@ -216,13 +216,18 @@ def values(nodes: Sequence[NodeProcess], command: str) -> dict[str, Any]:
 def test_eight_nodes_one_round(spawn_node: Spawn, free_port: int) -> None:
     endpoint = f"{ADDR}:{free_port}"
     run_id = _run_id()
-    # min 6, max 8 with a long last call: the round can only complete by
-    # reaching max_nodes, and must do so at once.
+    # min 6, max 8 with a last call beyond the wait for the answers: the round
+    # can only complete by reaching max_nodes, and must do so at once.
     specs = [
         (
             f"n{i}",
             node_spec(
-                endpoint, run_id, min_nodes=6, max_nodes=8, is_host=i == 0, last_call_timeout=20
+                endpoint,
+                run_id,
+                min_nodes=6,
+                max_nodes=8,
+                is_host=i == 0,
+                last_call_timeout=2 * ROUND_TIMEOUT,
             ),
         )
         for i in range(8)
@@ -232,13 +237,8 @@ def test_eight_nodes_one_round(spawn_node: Spawn, free_port: int) -> None:
         assert node.ready["backend"] == "core"
         assert node.ready["run_id"] == run_id
 
-    sent = time.monotonic()
     answers = ask_all(nodes, "next")
     ordered = check_round(nodes, answers)
-    took = max(answer["_arrived"] for answer in answers.values()) - sent
-    assert took < 10, (
-        f"a round at max_nodes must not wait for the 20 s last call; took {took:.1f} s"
-    )
     assert ordered == natural_order(nodes), (
         f"ranks should follow (addr, pid, local_id): {[n.pid for n in ordered]}"
     )
