@@ -209,9 +209,9 @@ class RendezvousBoard:
     def put_back(self, messages: Sequence[tuple[Message, str | None]]) -> None:
         """Return ``messages`` taken from the mailbox to it, each with its receipt.
 
-        For a steward that lost the lease before persisting them: the steward
-        in office decides them (at the back of the queue) and confirms the
-        receipts. One round trip, after the pushes (which have no reply), so
+        For a steward that stopped (lost the lease) before persisting them:
+        the steward in office decides them (at the back of the queue) and
+        confirms the receipts. One round trip, after the pushes (which have no reply), so
         they have landed when this returns.
         """
         mailbox = self.keys.mailbox
