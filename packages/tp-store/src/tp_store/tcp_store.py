@@ -95,6 +95,11 @@ _ENV_FALSE = frozenset({"0", "false", "f", "no", "n"})
 USER_KEY_PREFIX = b"/"
 
 _RECV_SIZE = 1 << 16
+#: Each reply is first received into a buffer of this size, held by the store
+#: (recv(65536) would allocate 64 KiB, then shrink it, per call); a bigger reply
+#: is read on in pieces of ``_RECV_SIZE``. Small, as a process may hold
+#: thousands of stores.
+_REPLY_SPACE = 4096
 # Socket timeouts are kernel options (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking
 # socket: one syscall per send or receive, where Python's own socket timeouts
 # add a poll() before each. An expired one surfaces as BlockingIOError. TLS
@@ -304,6 +309,8 @@ class TCPStore(Store):
         # Made once the port is known (a master's may have been picked).
         self._session = ClientSession(self._host, self._port, self._secret)
         self._replies = self._session.replies  # one buffer for the session's life
+        self._limits = self._replies.limits
+        self._space = bytearray(_REPLY_SPACE)
         with self._lock:
             self._connect()
         if world_size is not None and wait_for_workers:
@@ -446,7 +453,7 @@ class TCPStore(Store):
         session = self._session
         try:
             sock.sendall(session.hello())
-            answer = self._receive(Ping.reply)
+            answer = self._receive(sock, Ping.reply)
         except (OSError, ProtocolError) as exc:
             self._disconnect()
             # A server closes here when it is at its connection limit (ours
@@ -494,8 +501,8 @@ class TCPStore(Store):
         session = self._session
         try:
             sock.sendall(challenge)
-            sock.sendall(session.prove(self._receive(BYTES_REPLY)))
-            session.verify(self._receive(BYTES_REPLY))
+            sock.sendall(session.prove(self._receive(sock, BYTES_REPLY)))
+            session.verify(self._receive(sock, BYTES_REPLY))
         except StoreAuthenticationError as exc:
             self._disconnect()
             raise StoreAuthenticationError(
@@ -527,17 +534,23 @@ class TCPStore(Store):
             self._recv_timeout = recv_timeout
         return sock
 
-    def _receive(self, reply: ReplyFormat[_T], count: int = 0) -> _T:
+    def _receive(self, sock: socket.socket, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
         replies = self._replies
-        sock = self._sock
-        assert sock is not None
-        # Nothing buffered, as a rule: the reply is read at once, not looked for
-        # first; unless it may be empty (MULTI_GET of no keys on a PyTorch server).
-        value: _T | Incomplete = INCOMPLETE
-        if replies.buffered or not reply.min_size:
+        value: _T | Incomplete
+        if replies.pending or not reply.min_size:  # a reply may be empty: no receive first
             value = replies.read(reply, count)
-        while isinstance(value, Incomplete):
+        else:
+            # Nothing buffered, as a rule, and the reply arrives whole in one receive.
+            space = self._space
+            size = sock.recv_into(space)
+            value = reply.whole(space, size, count, self._limits)
+            if value is not INCOMPLETE:
+                return value
+            if not size:
+                raise ConnectionResetError("the store closed the connection")
+            value = replies.received(bytes(space[:size]), reply, count)
+        while value is INCOMPLETE:
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
@@ -552,24 +565,34 @@ class TCPStore(Store):
             self._port,
         )
 
+    # The calls below take the lock with acquire() and release() in a
+    # try/finally: a with block looks up __enter__ and __exit__ on every call.
     def _send(self, payload: bytes) -> None:
         """Send a request that has no reply."""
-        with self._lock:
-            sock = self._socket(self._timeout_seconds)
-            try:
-                sock.sendall(payload)
-            except OSError as exc:
-                raise self._broken(exc, "a request") from exc
-
-    def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
-        """Send a request and read its reply, within the store timeout."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             sock = self._sock
             if sock is None or self._recv_timeout != self._timeout_seconds:
                 sock = self._socket(self._timeout_seconds)
             try:
                 sock.sendall(payload)
-                return self._receive(reply, count)
+            except OSError as exc:
+                raise self._broken(exc, "a request") from exc
+        finally:
+            lock.release()
+
+    def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
+        """Send a request and read its reply, within the store timeout."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            sock = self._sock
+            if sock is None or self._recv_timeout != self._timeout_seconds:
+                sock = self._socket(self._timeout_seconds)
+            try:
+                sock.sendall(payload)
+                return self._receive(sock, reply, count)
             except _TIMED_OUT as exc:
                 self._disconnect()
                 raise StoreTimeoutError(
@@ -577,6 +600,8 @@ class TCPStore(Store):
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a request") from exc
+        finally:
+            lock.release()
 
     def _blocking(
         self,
@@ -587,7 +612,9 @@ class TCPStore(Store):
         keys: Sequence[Data],
     ) -> _T:
         """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             sock = self._sock
             if sock is None or self._recv_timeout != timeout:
                 sock = self._socket(timeout)
@@ -595,7 +622,7 @@ class TCPStore(Store):
             try:
                 sock.sendall(payload)
                 session.parked()
-                value = self._receive(reply, count)
+                value = self._receive(sock, reply, count)
                 session.woken()
                 return value
             except _TIMED_OUT:
@@ -614,6 +641,8 @@ class TCPStore(Store):
                 raise self._broken(exc, "cancelling a wait") from exc
             if answered is not None:
                 return answered  # the wait was satisfied as it timed out
+        finally:
+            lock.release()
         raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
 
     def _cancel_wait(self, sock: socket.socket, reply: ReplyFormat[_T], count: int) -> _T | None:
@@ -622,10 +651,10 @@ class TCPStore(Store):
         # both replies come, the wait's first.
         self._socket(self._timeout_seconds)
         sock.sendall(self._session.cancel())
-        first = self._receive(reply, count)
+        first = self._receive(sock, reply, count)
         if reply.status(first) != WaitReply.STOP_WAITING:
             return None
-        self._receive(FLAG_REPLY)  # then the WAIT_CANCELED
+        self._receive(sock, FLAG_REPLY)  # then the WAIT_CANCELED
         return first
 
     # -- the Store interface ------------------------------------------------------
@@ -740,7 +769,7 @@ class TCPStore(Store):
                 sock = self._socket(self._timeout_seconds)
                 try:
                     sock.sendall(request * asked)
-                    replies = [self._receive(QueuePop.reply) for _ in range(asked)]
+                    replies = [self._receive(sock, QueuePop.reply) for _ in range(asked)]
                 except _TIMED_OUT as exc:
                     self._disconnect()
                     raise StoreTimeoutError(
