@@ -662,30 +662,32 @@ class TCPStore(Store):
         self._send(Set.frame(_user_key(key), as_bytes(value)))
 
     def get(self, key: Data) -> bytes:
-        return self.wait_get(key)
+        return self._get(key, self._timeout_seconds)
 
     def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` for it: one round trip on our server."""
+        return self._get(key, self._deadline_seconds(timeout))
+
+    def _get(self, key: Data, seconds: float) -> bytes:
         user_key = _user_key(key)
-        seconds = self._deadline_seconds(timeout)
         if self._session.extended:
             frame = WaitGet.frame((user_key,))
             _, values = self._blocking(frame, WaitGet.reply, 1, seconds, [key])
-            return self._fetched(values)[0]
+            if values is None:
+                raise self._cancelled_unasked()
+            return values[0]
         # A PyTorch server: WAIT, then GET (as PyTorch's client does).
         self._blocking(Wait.frame((user_key,)), Wait.reply, 0, seconds, [key])
         return self._request(Get.frame(user_key), Get.reply)
 
-    def _fetched(self, values: list[bytes] | None) -> list[bytes]:
-        """The values of a WAIT_GET that was answered (None: the server cancelled it unasked)."""
-        if values is None:
-            self._disconnect()
-            raise StoreConnectionError(
-                f"the store at {self.endpoint} cancelled a wait this client did not cancel",
-                self._host,
-                self._port,
-            )
-        return values
+    def _cancelled_unasked(self) -> StoreConnectionError:
+        """A WAIT_GET's reply was WAIT_CANCELED though this client cancelled nothing."""
+        self._disconnect()
+        return StoreConnectionError(
+            f"the store at {self.endpoint} cancelled a wait this client did not cancel",
+            self._host,
+            self._port,
+        )
 
     def add(self, key: Data, amount: int) -> int:
         if type(amount) is not int or not INT64_MIN <= amount <= INT64_MAX:
@@ -719,7 +721,9 @@ class TCPStore(Store):
             frame = WaitGet.frame(user_keys)
             timeout = self._timeout_seconds
             _, values = self._blocking(frame, WaitGet.reply, len(user_keys), timeout, keys)
-            return self._fetched(values)
+            if values is None:
+                raise self._cancelled_unasked()
+            return values
         self.wait(keys)
         return self._request(MultiGet(user_keys).encode(), MultiGet.reply, len(user_keys))
 
