@@ -292,6 +292,13 @@ def test_bad_parameters(
     assert recorded == []
 
 
+@pytest.mark.parametrize("run_id", [7, None, b"job"])
+def test_host_name_form_run_id_must_be_a_str(recorded: list[dict[str, Any]], run_id: Any) -> None:
+    with pytest.raises(TypeError, match=f"run_id must be a str, got {type(run_id).__name__}"):
+        StaticTCPRendezvous("127.0.0.1", 1234, rank=0, world_size=2, run_id=run_id)
+    assert recorded == []
+
+
 def test_parameters_form_rejects_host_name_form_arguments() -> None:
     with pytest.raises(TypeError, match="come from the RendezvousParameters"):
         StaticTCPRendezvous(_params(1234), 1234)

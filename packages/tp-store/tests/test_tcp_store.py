@@ -134,6 +134,58 @@ def test_multi_tenant_masters_share_one_server() -> None:
     second.close()
 
 
+# Masters dropped without close, in reference cycles, are finalized by the cyclic
+# garbage collector in whichever thread allocates next: with collections at
+# nearly every allocation, that happens while the next multi_tenant master
+# starts its server (holding the registry's lock, or in the new server's thread).
+_COLLECTED_DURING_START = """
+import gc, socket
+from tp_store import TCPStore
+gc.set_threshold(1, 1, 1)
+ports = []
+for _ in range(20):
+    dropped = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    ports.append(dropped.port)
+    dropped.cycle = dropped
+    del dropped
+gc.set_threshold(700, 10, 10)
+gc.collect()
+for port in ports:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        print("still serving:", port)
+    except ConnectionRefusedError:
+        pass
+"""
+
+
+def test_a_multi_tenant_master_collected_while_another_starts_does_not_deadlock() -> None:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _COLLECTED_DURING_START],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("deadlocked: a garbage-collected master's release waited") from exc
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # every collected master's server stopped
+
+
+def test_closing_a_master_twice_is_harmless() -> None:
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    other = TCPStore(
+        "127.0.0.1", master.port, is_master=True, wait_for_workers=False, multi_tenant=True
+    )
+    master.close()
+    master.close()  # counts down once: the other tenant keeps the server
+    other.set("still", "up")
+    assert other.get("still") == b"up"
+    other.close()
+
+
 def test_master_listen_fd_serves_on_the_given_socket() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

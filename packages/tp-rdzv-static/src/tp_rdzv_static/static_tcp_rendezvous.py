@@ -136,6 +136,8 @@ class StaticTCPRendezvous(RendezvousHandler):
                 raise ValueError(f"master_port must be in 0..65535, got {self._port}")
             self._rank = to_int("rank", rank)
             self._num_nodes = to_int("world_size", world_size)
+            if not isinstance(run_id, str):  # it prefixes every key of the job
+                raise TypeError(f"run_id must be a str, got {type(run_id).__name__} {run_id!r}")
             self._run_id = run_id
             # build() then publishes the store's own host (or this machine's name
             # when the store binds every interface).

@@ -869,4 +869,6 @@ class ServerThread:
         if self._runner.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 self._loop.call_soon_threadsafe(self._loop.stop)
-            self._runner.join()
+            # Not when garbage collection finalizes a master in the server's own thread.
+            if threading.current_thread() is not self._runner:
+                self._runner.join()

@@ -18,6 +18,8 @@ that cannot prove the same secret, PyTorch's included.
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import os
 import random
@@ -117,33 +119,70 @@ class _SharedServers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._servers: dict[int, tuple[ServerThread, int, _Security]] = {}
+        # Released by garbage collection, not yet counted down (see abandon).
+        self._abandoned: collections.deque[ServerThread] = collections.deque()
 
     def acquire(
         self, host: str, port: int, listen_fd: int | None, security: _Security
     ) -> ServerThread:
-        with self._lock:
-            if port and port in self._servers:
-                thread, users, shared = self._servers[port]
-                if shared != security:
-                    raise ValueError(
-                        f"a multi_tenant master on port {port} already runs with other TLS "
-                        "files or another secret"
-                    )
-                self._servers[port] = (thread, users + 1, shared)
+        try:
+            with self._lock:
+                if port and port in self._servers:
+                    thread, users, shared = self._servers[port]
+                    if shared != security:
+                        raise ValueError(
+                            f"a multi_tenant master on port {port} already runs with other "
+                            "TLS files or another secret"
+                        )
+                    self._servers[port] = (thread, users + 1, shared)
+                    return thread
+                thread = _start_server(host, port, listen_fd, security)
+                self._servers[thread.server.port] = (thread, 1, security)
                 return thread
-            thread = _start_server(host, port, listen_fd, security)
-            self._servers[thread.server.port] = (thread, 1, security)
-            return thread
+        finally:
+            self._count_abandoned()
 
     def release(self, thread: ServerThread) -> None:
+        """One user fewer (``close``); the last one stops the server."""
         with self._lock:
-            port = thread.server.port
-            _, users, security = self._servers[port]
-            if users > 1:
-                self._servers[port] = (thread, users - 1, security)
-                return
-            del self._servers[port]
-        thread.stop()
+            last = self._count_down(thread)
+        if last:
+            thread.stop()
+        self._count_abandoned()
+
+    def abandon(self, thread: ServerThread) -> None:
+        """:meth:`release` for a master collected without ``close``, never blocking.
+
+        Garbage collection runs finalizers in whatever thread allocates, also
+        while this thread holds the lock in :meth:`acquire`, or in the server
+        thread that :meth:`acquire` waits for: waiting for the lock there would
+        deadlock. The holder of the lock counts it down as it lets go instead.
+        """
+        self._abandoned.append(thread)
+        self._count_abandoned()
+
+    def _count_abandoned(self) -> None:
+        while self._abandoned and self._lock.acquire(blocking=False):
+            last: list[ServerThread] = []
+            try:
+                while self._abandoned:
+                    thread = self._abandoned.popleft()
+                    if self._count_down(thread):
+                        last.append(thread)
+            finally:
+                self._lock.release()
+            for thread in last:
+                thread.stop()
+
+    def _count_down(self, thread: ServerThread) -> bool:
+        """Whether ``thread``'s server lost its last user (lock held)."""
+        port = thread.server.port
+        _, users, security = self._servers[port]
+        if users > 1:
+            self._servers[port] = (thread, users - 1, security)
+            return False
+        del self._servers[port]
+        return True
 
 
 _shared_servers = _SharedServers()
@@ -295,7 +334,8 @@ class TCPStore(Store):
         self._sock: socket.socket | None = None
         self._recv_timeout = 0.0
         self._server: ServerThread | None = None
-        self._stop_server: Callable[[], object] | None = None
+        self._stop_server: Callable[[], object] | None = None  # by close
+        self._server_finalizer: weakref.finalize[..., TCPStore] | None = None
         self._tls = TLSConfig(tls_cert, tls_key, tls_ca, tls_client_ca)
         self._secret = load_secret(secret, secret_file)
         self._ssl_context = self._client_ssl_context(is_master)
@@ -366,13 +406,17 @@ class TCPStore(Store):
 
     def _start_server(self, multi_tenant: bool, listen_fd: int | None) -> None:
         security = (self._tls, self._secret)
+        finalizer: weakref.finalize[..., TCPStore]
         try:
             if multi_tenant:
                 thread = _shared_servers.acquire(self._host, self._port, listen_fd, security)
-                self._stop_server = weakref.finalize(self, _shared_servers.release, thread)
+                self._stop_server = functools.partial(_shared_servers.release, thread)
+                finalizer = weakref.finalize(self, _shared_servers.abandon, thread)
             else:
                 thread = _start_server(self._host, self._port, listen_fd, security)
-                self._stop_server = weakref.finalize(self, thread.stop)
+                self._stop_server = thread.stop
+                finalizer = weakref.finalize(self, thread.stop)
+            self._server_finalizer = finalizer
         except OSError as exc:
             if _agent_store_serves(self._port):
                 log.warning(
@@ -801,7 +845,9 @@ class TCPStore(Store):
         """Close the connection; a master also stops its server (unless shared)."""
         with self._lock:
             self._disconnect()
-        if self._stop_server is not None:
+        finalizer = self._server_finalizer
+        if finalizer is not None and finalizer.detach() is not None:  # not closed yet
+            assert self._stop_server is not None
             self._stop_server()
 
     def __repr__(self) -> str:
