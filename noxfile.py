@@ -38,7 +38,6 @@ ETCD_WHEEL_BINARY = (
 nox.options.sessions = [
     "lint",
     "tests",
-    "tests_compiled",
     "example_backend",
     "integration",
     "interop",
@@ -194,7 +193,8 @@ def _tp_store_compiled() -> tuple[str, ...]:
     )
 
 
-@nox.session
+# Not a default session: the compiled build does not pay today (tp-store's README).
+@nox.session(default=False)
 def tests_compiled(session: nox.Session) -> None:
     """tp-store's mypyc build (``TP_STORE_COMPILE=1``) through what the pure one passes.
 
