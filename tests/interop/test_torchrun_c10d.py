@@ -212,9 +212,13 @@ def test_status_lists_the_participants_and_writes_nothing(store: str, agents: li
     finish_job(store, pair)
 
 
-def test_close_closes_the_job_and_its_agents_exit_cleanly(store: str, agents: list[Agent]) -> None:
+# The default backend (core) and PyTorch's name for it find the torchrun job's state alike.
+@pytest.mark.parametrize("backend", [("--backend", "c10d"), ()], ids=["c10d", "default"])
+def test_close_closes_the_job_and_its_agents_exit_cleanly(
+    store: str, agents: list[Agent], backend: tuple[str, ...]
+) -> None:
     pair = start_job(store, agents)
-    closed = tp_rdzv("close", "--backend", "c10d", "--endpoint", store, "--run-id", RUN, "--json")
+    closed = tp_rdzv("close", *backend, "--endpoint", store, "--run-id", RUN, "--json")
     assert closed.returncode == 0, closed.stderr
     assert json.loads(closed.stdout) == {"event": "closed", "run_id": RUN}
     assert status(store)["closed"]

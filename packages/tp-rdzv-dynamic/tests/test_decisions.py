@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import json
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
-from tp_rdzv_dynamic.decisions import Close, Join, Leave, apply, assign_ranks, needs_last_call
+from tp_rdzv_dynamic.decisions import (
+    Close,
+    Join,
+    Leave,
+    Message,
+    apply,
+    assign_ranks,
+    needs_last_call,
+)
 from tp_rdzv_dynamic.node import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
 from tp_rdzv_dynamic.state import RendezvousState
@@ -362,3 +372,56 @@ def test_a_batch_of_4000_joins_completes_one_round():
     transition = apply(RendezvousState(), [Join(n) for n in nodes], settings(1, 4000))
     assert transition.state.complete
     assert ranks(transition.state) == nodes
+
+
+@hypothesis.settings(deadline=None, max_examples=300)
+@hypothesis.given(st.data())
+def test_a_message_decided_again_later_changes_nothing(data):
+    """A steward that lost the lease puts back what it took, which the new one may
+    have had from the sender too: the copy arrives later, after other nodes'
+    messages (a node's own next message waits for the outcome of its join).
+    """
+    max_nodes = data.draw(st.integers(1, 3), "max_nodes")
+    rules = settings(data.draw(st.integers(1, max_nodes), "min_nodes"), max_nodes)
+    # Batches as a steward decides them: each node asks for a round no later
+    # than the one the lease hinted when it posted (the waiting round, or before).
+    batches: list[tuple[list[Message], bool]] = []
+    state = RendezvousState()
+    for _ in range(data.draw(st.integers(1, 6), "batches")):
+        batch: list[Message] = []
+        for _ in range(data.draw(st.integers(0, 5), "messages")):
+            who = data.draw(st.sampled_from([A, B, C, D]))
+            if data.draw(st.booleans(), "join"):
+                hint = data.draw(st.none() | st.integers(0, 3), "hint")
+                batch.append(Join(who, hint, data.draw(st.integers(0, state.waiting_round))))
+            else:
+                batch.append(Leave(who))
+        expired = data.draw(st.booleans(), "last call expired")
+        batches.append((batch, expired))
+        state = apply(state, batch, rules, last_call_expired=expired).state
+    places = [(b, i) for b, (batch, _) in enumerate(batches) for i in range(len(batch))]
+    hypothesis.assume(places)
+    first = data.draw(st.integers(0, len(places) - 1), "message decided twice")
+    # The copy goes after any later message of the batches, or at the end of one.
+    b, i = places[first]
+    ends = [(later, len(batch)) for later, (batch, _) in enumerate(batches) if later >= b]
+    again = data.draw(st.sampled_from(sorted({*places[first + 1 :], *ends})), "decided again at")
+    message = batches[b][0][i]
+    between = _flat(batches, (b, i + 1), again)
+    hypothesis.assume(all(other.node != message.node for other in between))
+
+    copied = [(list(batch), expired) for batch, expired in batches]
+    copied[again[0]][0].insert(again[1], message)
+    once, twice = RendezvousState(), RendezvousState()
+    for (batch, expired), (batch2, _) in zip(batches, copied, strict=True):
+        once = apply(once, batch, rules, last_call_expired=expired).state
+        twice = apply(twice, batch2, rules, last_call_expired=expired).state
+        assert twice == once
+
+
+def _flat(batches, start, end):
+    """The messages from place ``start`` (batch, index) up to, not including, ``end``."""
+    for b, (batch, _) in enumerate(batches):
+        for i, message in enumerate(batch):
+            if start <= (b, i) < end:
+                yield message

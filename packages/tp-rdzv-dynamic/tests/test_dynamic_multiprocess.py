@@ -10,6 +10,8 @@ stuck CI job.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -35,7 +37,6 @@ LONG_JOIN = 60.0
 #: Liveness settings of the tests that kill nodes: a silent node is dead after 1 s.
 KEEP_ALIVE_INTERVAL = 0.5
 KEEP_ALIVE_MAX_ATTEMPT = 2
-LIVENESS_BOUND = KEEP_ALIVE_INTERVAL * KEEP_ALIVE_MAX_ATTEMPT
 
 
 def _run_id() -> str:
@@ -119,6 +120,26 @@ def ask_all(
     return collect(nodes, timeout, f"the answer to {command!r}")
 
 
+def logging_to(path: Path) -> dict[str, str]:
+    """The spec keys that make a node log its structured events to ``path``, as JSON lines."""
+    return {"log_level": "INFO", "log_file": str(path), "log_format": "json"}
+
+
+def found_dead(paths: Sequence[Path]) -> set[str]:
+    """The nodes that stewards logging to ``paths`` found dead (``node_dead`` records).
+
+    A line still being written is skipped.
+    """
+    found: set[str] = set()
+    for path in paths:
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("action") == "node_dead":
+                    found.add(record["node"])
+    return found
+
+
 def assert_silent(nodes: Sequence[NodeProcess], seconds: float, why: str) -> None:
     """No node answers anything for ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -195,13 +216,18 @@ def values(nodes: Sequence[NodeProcess], command: str) -> dict[str, Any]:
 def test_eight_nodes_one_round(spawn_node: Spawn, free_port: int) -> None:
     endpoint = f"{ADDR}:{free_port}"
     run_id = _run_id()
-    # min 6, max 8 with a long last call: the round can only complete by
-    # reaching max_nodes, and must do so at once.
+    # min 6, max 8 with a last call beyond the wait for the answers: the round
+    # can only complete by reaching max_nodes, and must do so at once.
     specs = [
         (
             f"n{i}",
             node_spec(
-                endpoint, run_id, min_nodes=6, max_nodes=8, is_host=i == 0, last_call_timeout=20
+                endpoint,
+                run_id,
+                min_nodes=6,
+                max_nodes=8,
+                is_host=i == 0,
+                last_call_timeout=2 * ROUND_TIMEOUT,
             ),
         )
         for i in range(8)
@@ -211,13 +237,8 @@ def test_eight_nodes_one_round(spawn_node: Spawn, free_port: int) -> None:
         assert node.ready["backend"] == "core"
         assert node.ready["run_id"] == run_id
 
-    sent = time.monotonic()
     answers = ask_all(nodes, "next")
     ordered = check_round(nodes, answers)
-    took = max(answer["_arrived"] for answer in answers.values()) - sent
-    assert took < 10, (
-        f"a round at max_nodes must not wait for the 20 s last call; took {took:.1f} s"
-    )
     assert ordered == natural_order(nodes), (
         f"ranks should follow (addr, pid, local_id): {[n.pid for n in ordered]}"
     )
@@ -282,24 +303,26 @@ def test_late_joiner_waits_then_joins_next_round(spawn_node: Spawn, free_port: i
 # ---------------------------------------------------------------------------
 
 
-def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int) -> None:
+def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int, tmp_path: Path) -> None:
     endpoint = f"{ADDR}:{free_port}"
     run_id = _run_id()
+    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(8)}
     specs = [
         (
-            f"n{i}",
+            name,
             node_spec(
                 endpoint,
                 run_id,
                 min_nodes=6,
                 max_nodes=8,
-                is_host=i == 0,
+                is_host=name == "n0",
                 last_call_timeout=0.5,
                 keep_alive_interval=KEEP_ALIVE_INTERVAL,
                 keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
-            ),
+            )
+            | logging_to(log),
         )
-        for i in range(8)
+        for name, log in logs.items()
     ]
     nodes = start_nodes(spawn_node, specs)
     host = nodes[0]
@@ -308,12 +331,13 @@ def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int) -> None:
     others = [node for node in ordered if node is not host]
     victims = [others[1], others[4]]
     survivors = [node for node in ordered if node not in victims]
-    killed = time.monotonic()
     for victim in victims:
         victim.kill()
     send_all(survivors, "next")
+    # The survivors' join timeout (LONG_JOIN) is beyond this wait: a survivor
+    # that only got out by waiting it out fails here. How soon they re-form is
+    # the kill scenario of benchmarks/rdzv_bench.py, not a test's assertion.
     answers = collect(survivors, ROUND_TIMEOUT, "the round after the kill")
-    took = max(answer["_arrived"] for answer in answers.values()) - killed
     new_order = check_round(survivors, answers)
     assert new_order == survivors, (
         f"survivors must keep their relative order: before {[n.name for n in survivors]}, "
@@ -321,10 +345,9 @@ def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int) -> None:
     )
     dead = {victim.node_id for victim in victims}
     assert not dead & set(answers[survivors[0].name]["participants"])
-    assert took <= LIVENESS_BOUND + 2.0, (
-        f"the survivors' round took {took:.2f} s after the kill; the liveness bound is "
-        f"{LIVENESS_BOUND:g} s (+2 s allowed)"
-    )
+    # They re-formed because a steward found the victims dead by their heartbeats.
+    missed = dead - found_dead([logs[node.name] for node in survivors])
+    assert not missed, f"no steward logged node_dead for {sorted(missed)}"
     check_exchange(new_order, answers)
 
 
@@ -540,13 +563,18 @@ def test_store_host_death_is_a_connection_error(spawn_node: Spawn, free_port: in
 # ---------------------------------------------------------------------------
 
 
-def test_clock_skew_is_harmless(spawn_node: Spawn, free_port: int) -> None:
+def test_clock_skew_is_harmless(spawn_node: Spawn, free_port: int, tmp_path: Path) -> None:
     endpoint = f"{ADDR}:{free_port}"
     run_id = _run_id()
+    # Skews beyond ROUND_TIMEOUT: a death judged on another host's wall clock
+    # would come a minute late (the round after the kill is not collected) or
+    # at once (live nodes dropped: not a round of exactly the survivors).
     skews = [60.0, -60.0, 0.0, 60.0, -60.0, 0.0]
+    names = [f"n{i}{'+' if skew > 0 else '-' if skew < 0 else '='}" for i, skew in enumerate(skews)]
+    logs = {name: tmp_path / f"{name}.jsonl" for name in names}
     specs = [
         (
-            f"n{i}{'+' if skew > 0 else '-' if skew < 0 else '='}",
+            name,
             node_spec(
                 endpoint,
                 run_id,
@@ -557,9 +585,10 @@ def test_clock_skew_is_harmless(spawn_node: Spawn, free_port: int) -> None:
                 last_call_timeout=0.5,
                 keep_alive_interval=KEEP_ALIVE_INTERVAL,
                 keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
-            ),
+            )
+            | logging_to(logs[name]),
         )
-        for i, skew in enumerate(skews)
+        for i, (name, skew) in enumerate(zip(names, skews, strict=True))
     ]
     nodes = start_nodes(spawn_node, specs)
     host = nodes[0]
@@ -577,14 +606,14 @@ def test_clock_skew_is_harmless(spawn_node: Spawn, free_port: int) -> None:
     others = [node for node in ordered if node is not host]
     victims = [next(n for n in others if n.spec["clock_skew"] < 0), others[-1]]
     survivors = [node for node in ordered if node not in victims]
-    killed = time.monotonic()
     for victim in victims:
         victim.kill()
     send_all(survivors, "next")
     answers = collect(survivors, ROUND_TIMEOUT, "the round after the kill")
-    took = max(answer["_arrived"] for answer in answers.values()) - killed
     assert check_round(survivors, answers) == survivors
-    assert took <= LIVENESS_BOUND + 2.0, f"the round after the kill took {took:.2f} s"
+    dead = {victim.node_id for victim in victims}
+    missed = dead - found_dead([logs[node.name] for node in survivors])
+    assert not missed, f"no steward logged node_dead for {sorted(missed)}"
 
     # One more round with no failure: the four keep their ranks.
     again = ask_all(survivors, "next")

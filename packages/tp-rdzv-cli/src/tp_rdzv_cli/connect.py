@@ -22,6 +22,8 @@ from .errors import CommandError, ExitCode
 from .options import positive_seconds
 
 DEFAULT_BACKEND = "core"
+#: Backends on a TCPStore endpoint, where a torchrun job (PyTorch's c10d) may run too.
+_TORCH_STORE_BACKENDS = frozenset({DEFAULT_BACKEND, "c10d"})
 
 
 def add_rendezvous_arguments(parser: argparse.ArgumentParser, run_id_required: bool = True) -> None:
@@ -102,13 +104,15 @@ def _parameters(
 
 
 def open_torch_c10d_run(args: argparse.Namespace) -> TorchC10dRun | None:
-    """With ``--backend c10d``: the run of PyTorch's own c10d rendezvous on the store.
+    """With ``--backend core`` (the default) or ``c10d``: the run of PyTorch's own
+    c10d rendezvous on the store.
 
     ``c10d`` names PyTorch's backend (a torchrun job) and our alias of
-    ``core``; observers look for PyTorch's state first. ``None`` for other
-    backends. The store is a client only, as for every observer.
+    ``core``: on a store endpoint, observers look for PyTorch's state first.
+    ``None`` for other backends. The store is a client only, as for every
+    observer.
     """
-    if args.backend != "c10d":
+    if args.backend not in _TORCH_STORE_BACKENDS:
         return None
     with rendezvous_errors():
         store = create_store(_parameters(args, 1, 1, observer=True))

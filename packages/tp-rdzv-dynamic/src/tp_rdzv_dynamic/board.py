@@ -206,6 +206,20 @@ class RendezvousBoard:
                 )
         return messages
 
+    def put_back(self, messages: Sequence[tuple[Message, str | None]]) -> None:
+        """Return ``messages`` taken from the mailbox to it, each with its receipt.
+
+        For a steward that stopped (lost the lease) before persisting them:
+        the steward in office decides them (at the back of the queue) and
+        confirms the receipts. One round trip, after the pushes (which have no reply), so
+        they have landed when this returns.
+        """
+        mailbox = self.keys.mailbox
+        with self._store_errors("returning messages to the mailbox"):
+            for event, receipt in messages:
+                self.store.queue_push(mailbox, encode_message(event, receipt))
+            self.store.queue_len(mailbox)
+
     def sample_heartbeats(
         self, nodes: Sequence[_NodeDesc], unseen: Sequence[_NodeDesc] = ()
     ) -> list[bytes]:

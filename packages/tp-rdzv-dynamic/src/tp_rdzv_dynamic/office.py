@@ -121,8 +121,9 @@ class StewardOffice:
 
         ``now`` is this host's monotonic time. If a new steward took office
         since ``rejoin`` was last posted, it is posted again: what the old one
-        took from the mailbox but did not persist is lost with it. Returns the
-        lease as it stands afterwards.
+        took from the mailbox but did not persist is lost with it (unless it
+        took it after the new one took office: then it puts it back). Returns
+        the lease as it stands afterwards.
         """
         board = board or self._board
         lease = board.read_lease()

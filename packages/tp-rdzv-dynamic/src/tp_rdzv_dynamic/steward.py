@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tp_rdzv_api import RendezvousError, RendezvousStateError
 
 from .board import RendezvousBoard
-from .decisions import Event, Leave, Transition, apply, needs_last_call
+from .decisions import Event, Leave, Message, Transition, apply, needs_last_call
 from .documents import decode_outcome, encode_liveness, encode_outcome
 from .events import log_event
 from .holder import _RendezvousStateHolder
@@ -76,6 +76,8 @@ class Steward:
         self._state = RendezvousState()  # what this steward decided
         self._saved = self._state  # what the backend holds
         self._unsaved: list[Event] = []  # events applied since the last save
+        # The mailbox messages of the batch under way, until persisted (or left to their senders).
+        self._taken: list[tuple[Message, str | None]] = []
         self._token: object = None
         self._last_call_at: float | None = None
         self._liveness_report: bytes | None = None  # published with the next counters
@@ -120,6 +122,7 @@ class Steward:
         except RendezvousError as exc:
             log.warning("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
         finally:
+            self._hand_back()
             self.board.store.close()
             self.holder.close()
 
@@ -177,14 +180,21 @@ class Steward:
         receipts: list[str] = []
         dead: list[Leave] = []
         if self.board.await_mail(max(wake_at - now, 0.0)):
-            for event, receipt in self.board.take_mail():
-                if event is not None:
-                    events.append(event)
-                if receipt is not None:
-                    receipts.append(receipt)
-            # Deciding a storm of joins takes a while at thousands of nodes: the
-            # lease moves first, or waiters could judge this steward silent.
-            self._beat_if_due()
+            self._taken = [
+                (event, receipt)
+                for event, receipt in self.board.take_mail()
+                if event is not None  # not a wake-up
+            ]
+            receipts = [receipt for _, receipt in self._taken if receipt is not None]
+            if self._taken:
+                # The lease moves before deciding (a storm of joins takes a while at
+                # thousands of nodes: waiters could judge this steward silent), and
+                # the move tells whether it still holds it. A node posts its join
+                # again only when the lease's epoch moves past the one it read
+                # before posting: if another node took the lease before this drain,
+                # only this steward knows of what it took (``_hand_back``).
+                self._beat()
+            events.extend(event for event, _ in self._taken)
         now = time.monotonic()
         flush = False
         if now >= self._next_scan:
@@ -206,11 +216,35 @@ class Steward:
         self.board.confirm(receipts)
         self._beat_if_due()
 
+    def _beat(self) -> None:
+        self._tenure.beat(self._round_hint())
+        self._next_beat = time.monotonic() + self._tick
+
     def _beat_if_due(self) -> None:
-        now = time.monotonic()
-        if now >= self._next_beat:
-            self._tenure.beat(self._round_hint())
-            self._next_beat = now + self._tick
+        if time.monotonic() >= self._next_beat:
+            self._beat()
+
+    def _hand_back(self) -> None:
+        """Return to the mailbox the batch under way when this steward stopped.
+
+        It stops in a batch when it lost the lease or the store failed; that
+        batch may hold messages nobody will post again: those of nodes that
+        read a new steward's epoch before posting, and leaves (their senders
+        never post them again). Dead-node leaves this steward found are not
+        messages: the next steward finds those nodes itself.
+        """
+        if not self._taken:
+            return
+        try:
+            self.board.put_back(self._taken)
+        except RendezvousError as exc:
+            log.warning(
+                "rendezvous %r: steward %s could not return %d messages to the mailbox: %s",
+                self.board.run_id,
+                self.node,
+                len(self._taken),
+                exc,
+            )
 
     def _find_dead(self, now: float, report: bool) -> list[Leave]:
         members = list(self._state.members())
@@ -251,6 +285,10 @@ class Steward:
             self._unsaved.clear()  # nothing to persist: the backend holds this state
         elif urgent or flush:
             transition = self._save(transition, last_call_expired)
+        # Only joins can still be unsaved (a leave is urgent). Their senders read
+        # this steward's lease before posting (it was still this steward's after
+        # the drain), so they post them again to the next steward.
+        self._taken = []
         self._announce(transition)
         if before.complete and before.round != self._stale_round:
             self._check_stale(before)
