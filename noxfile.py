@@ -46,6 +46,24 @@ nox.options.sessions = [
 ]
 nox.options.reuse_existing_virtualenvs = True
 
+# The interop suites whose peers meet our store (the torchrun ones are about the rendezvous).
+TP_STORE_INTEROP = [
+    "tests/interop/test_file_store_interop.py",
+    "tests/interop/test_gloo_process_group.py",
+    "tests/interop/test_our_client_torch_server.py",
+    "tests/interop/test_pytorch_compat_interop.py",
+    "tests/interop/test_secure_store_interop.py",
+    "tests/interop/test_server_stats_interop.py",
+    "tests/interop/test_torch_client_our_server.py",
+]
+IMPORTS_COMPILED = """\
+import importlib, sys
+for name in sys.argv[1:]:
+    path = importlib.import_module(name).__file__ or ""
+    assert path.endswith((".so", ".pyd")), f"{name} is not the compiled module: {path}"
+print("compiled:", ", ".join(sys.argv[1:]))
+"""
+
 
 @cache
 def _local_dependencies(package: str) -> tuple[str, ...]:
@@ -164,6 +182,46 @@ def tests(session: nox.Session, package: str) -> None:
         _run_on_each_etcd(session, f"packages/{package}/tests", *session.posargs)
     else:
         session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
+def _tp_store_compiled() -> tuple[str, ...]:
+    """The modules tp-store's mypyc build compiles, as its pyproject.toml lists them."""
+    project = nox.project.load_toml(ROOT / "packages" / "tp-store" / "pyproject.toml")
+    hook = project["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["custom"]
+    return tuple(
+        p.removeprefix("src/").removesuffix(".py").replace("/", ".") for p in hook["compile"]
+    )
+
+
+# Not a default session: the compiled build does not pay today (tp-store's README).
+@nox.session(default=False)
+def tests_compiled(session: nox.Session) -> None:
+    """tp-store's mypyc build (``TP_STORE_COMPILE=1``) through what the pure one passes.
+
+    The wheel is built (the compiler comes with the build), installed over the
+    pure one, and checked to import its compiled modules; then tp-store's tests,
+    the fuzzers' tests and the store's interop suites run against it.
+    """
+    wheels = Path(session.create_tmp()) / "mypyc-wheel"
+    shutil.rmtree(wheels, ignore_errors=True)
+    # Every package (an interop suite uses the rendezvous's store factory); tp-store is replaced.
+    session.install(*TEST_TOOLS, TORCH, *_local(*PACKAGES, extras="[fast]"))
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--wheel-dir",
+        str(wheels),
+        "./packages/tp-store",
+        env={"TP_STORE_COMPILE": "1"},
+    )
+    session.install("--force-reinstall", "--no-deps", *map(str, wheels.glob("*.whl")))
+    session.run("python", "-c", IMPORTS_COMPILED, *_tp_store_compiled())
+    session.run(
+        "pytest", "packages/tp-store/tests", "tests/fuzz", *TP_STORE_INTEROP, *session.posargs
+    )
 
 
 @nox.session

@@ -270,9 +270,10 @@ def serve_worker(impl: str) -> int:
     clients: dict[str, Any] = {}
     banner: dict[str, Any] = {"pid": os.getpid()}
     if impl == "ours":
-        import tp_store.protocol
+        # The client's codec: a compiled module of the mypyc build (protocol/ is a package).
+        import tp_store.protocol.client_session
 
-        banner["protocol_module"] = tp_store.protocol.__file__
+        banner["protocol_module"] = tp_store.protocol.client_session.__file__
     print(json.dumps(banner), flush=True)
     for line in sys.stdin:
         command = json.loads(line)

@@ -45,6 +45,7 @@ RELEASE_PACKAGE = "tensorplay-rendezvous"
 # What an sdist may hold at its top level (hatchling always adds the repository's .gitignore),
 # and what it must.
 SDIST_TOPS = {"src", "tests", "README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml"}
+SDIST_TOPS |= {"hatch_build.py"}  # tp-store's optional mypyc build
 SDIST_TOPS |= {"PKG-INFO", ".gitignore"}
 SDIST_REQUIRED = {"README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml"}
 WHEEL_SUFFIX = "-py3-none-any.whl"

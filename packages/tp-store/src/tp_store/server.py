@@ -331,8 +331,9 @@ class _Connection(asyncio.Protocol):
         except (RequestBeforeAuthentication, AuthRefused) as exc:
             self._fail(transport, exc, "auth_refused")
             return
-        except (ValueError, OverflowError) as exc:  # ProtocolError, a limit, or a bad ADD
-            self._fail(transport, exc, "protocol_error")
+        # Not `exc` again: mypyc gives a name one type, its first except clause's.
+        except (ValueError, OverflowError) as error:  # ProtocolError, a limit, or a bad ADD
+            self._fail(transport, error, "protocol_error")
             return
         if turn is Turn.YIELD:
             self._defer(transport)
@@ -824,14 +825,15 @@ class ServerThread:
     def __init__(self, server: StoreServer) -> None:
         self.server = server
         self._loop = new_event_loop()
-        self._thread = threading.Thread(
+        # Not `_thread`: mypyc would name its C field `__thread`, a C keyword.
+        self._runner = threading.Thread(
             target=self._run, name=f"tp-store-server:{server.port}", daemon=True
         )
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     def start(self) -> None:
         """Start the thread and return once the server listens (or raise why it cannot)."""
-        self._thread.start()
+        self._runner.start()
         self._started.result()
 
     def _run(self) -> None:
@@ -864,9 +866,9 @@ class ServerThread:
 
     def stop(self) -> None:
         """Close every connection and stop the thread."""
-        if self._thread.is_alive():
+        if self._runner.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 self._loop.call_soon_threadsafe(self._loop.stop)
             # Not when garbage collection finalizes a master in the server's own thread.
-            if threading.current_thread() is not self._thread:
-                self._thread.join()
+            if threading.current_thread() is not self._runner:
+                self._runner.join()

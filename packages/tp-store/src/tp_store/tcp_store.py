@@ -97,6 +97,11 @@ _ENV_FALSE = frozenset({"0", "false", "f", "no", "n"})
 USER_KEY_PREFIX = b"/"
 
 _RECV_SIZE = 1 << 16
+#: Each reply is first received into a buffer of this size, held by the store
+#: (recv(65536) would allocate 64 KiB, then shrink it, per call); a bigger reply
+#: is read on in pieces of ``_RECV_SIZE``. Small, as a process may hold
+#: thousands of stores.
+_REPLY_SPACE = 4096
 # Socket timeouts are kernel options (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking
 # socket: one syscall per send or receive, where Python's own socket timeouts
 # add a poll() before each. An expired one surfaces as BlockingIOError. TLS
@@ -344,6 +349,8 @@ class TCPStore(Store):
         # Made once the port is known (a master's may have been picked).
         self._session = ClientSession(self._host, self._port, self._secret)
         self._replies = self._session.replies  # one buffer for the session's life
+        self._limits = self._replies.limits
+        self._space = bytearray(_REPLY_SPACE)
         with self._lock:
             self._connect()
         if world_size is not None and wait_for_workers:
@@ -490,7 +497,7 @@ class TCPStore(Store):
         session = self._session
         try:
             sock.sendall(session.hello())
-            answer = self._receive(Ping.reply)
+            answer = self._receive(sock, Ping.reply)
         except (OSError, ProtocolError) as exc:
             self._disconnect()
             # A server closes here when it is at its connection limit (ours
@@ -538,8 +545,8 @@ class TCPStore(Store):
         session = self._session
         try:
             sock.sendall(challenge)
-            sock.sendall(session.prove(self._receive(BYTES_REPLY)))
-            session.verify(self._receive(BYTES_REPLY))
+            sock.sendall(session.prove(self._receive(sock, BYTES_REPLY)))
+            session.verify(self._receive(sock, BYTES_REPLY))
         except StoreAuthenticationError as exc:
             self._disconnect()
             raise StoreAuthenticationError(
@@ -571,17 +578,23 @@ class TCPStore(Store):
             self._recv_timeout = recv_timeout
         return sock
 
-    def _receive(self, reply: ReplyFormat[_T], count: int = 0) -> _T:
+    def _receive(self, sock: socket.socket, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
         replies = self._replies
-        sock = self._sock
-        assert sock is not None
-        # Nothing buffered, as a rule: the reply is read at once, not looked for
-        # first; unless it may be empty (MULTI_GET of no keys on a PyTorch server).
-        value: _T | Incomplete = INCOMPLETE
-        if replies.buffered or not reply.min_size:
+        value: _T | Incomplete
+        if replies.pending or not reply.min_size:  # a reply may be empty: no receive first
             value = replies.read(reply, count)
-        while isinstance(value, Incomplete):
+        else:
+            # Nothing buffered, as a rule, and the reply arrives whole in one receive.
+            space = self._space
+            size = sock.recv_into(space)
+            value = reply.whole(space, size, count, self._limits)
+            if value is not INCOMPLETE:
+                return value
+            if not size:
+                raise ConnectionResetError("the store closed the connection")
+            value = replies.received(bytes(space[:size]), reply, count)
+        while value is INCOMPLETE:
             data = sock.recv(_RECV_SIZE)
             if not data:
                 raise ConnectionResetError("the store closed the connection")
@@ -596,24 +609,34 @@ class TCPStore(Store):
             self._port,
         )
 
+    # The calls below take the lock with acquire() and release() in a
+    # try/finally: a with block looks up __enter__ and __exit__ on every call.
     def _send(self, payload: bytes) -> None:
         """Send a request that has no reply."""
-        with self._lock:
-            sock = self._socket(self._timeout_seconds)
-            try:
-                sock.sendall(payload)
-            except OSError as exc:
-                raise self._broken(exc, "a request") from exc
-
-    def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
-        """Send a request and read its reply, within the store timeout."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             sock = self._sock
             if sock is None or self._recv_timeout != self._timeout_seconds:
                 sock = self._socket(self._timeout_seconds)
             try:
                 sock.sendall(payload)
-                return self._receive(reply, count)
+            except OSError as exc:
+                raise self._broken(exc, "a request") from exc
+        finally:
+            lock.release()
+
+    def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
+        """Send a request and read its reply, within the store timeout."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            sock = self._sock
+            if sock is None or self._recv_timeout != self._timeout_seconds:
+                sock = self._socket(self._timeout_seconds)
+            try:
+                sock.sendall(payload)
+                return self._receive(sock, reply, count)
             except _TIMED_OUT as exc:
                 self._disconnect()
                 raise StoreTimeoutError(
@@ -621,6 +644,8 @@ class TCPStore(Store):
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a request") from exc
+        finally:
+            lock.release()
 
     def _blocking(
         self,
@@ -631,7 +656,9 @@ class TCPStore(Store):
         keys: Sequence[Data],
     ) -> _T:
         """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             sock = self._sock
             if sock is None or self._recv_timeout != timeout:
                 sock = self._socket(timeout)
@@ -639,7 +666,7 @@ class TCPStore(Store):
             try:
                 sock.sendall(payload)
                 session.parked()
-                value = self._receive(reply, count)
+                value = self._receive(sock, reply, count)
                 session.woken()
                 return value
             except _TIMED_OUT:
@@ -658,6 +685,8 @@ class TCPStore(Store):
                 raise self._broken(exc, "cancelling a wait") from exc
             if answered is not None:
                 return answered  # the wait was satisfied as it timed out
+        finally:
+            lock.release()
         raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
 
     def _cancel_wait(self, sock: socket.socket, reply: ReplyFormat[_T], count: int) -> _T | None:
@@ -666,10 +695,10 @@ class TCPStore(Store):
         # both replies come, the wait's first.
         self._socket(self._timeout_seconds)
         sock.sendall(self._session.cancel())
-        first = self._receive(reply, count)
+        first = self._receive(sock, reply, count)
         if reply.status(first) != WaitReply.STOP_WAITING:
             return None
-        self._receive(FLAG_REPLY)  # then the WAIT_CANCELED
+        self._receive(sock, FLAG_REPLY)  # then the WAIT_CANCELED
         return first
 
     # -- the Store interface ------------------------------------------------------
@@ -677,30 +706,32 @@ class TCPStore(Store):
         self._send(Set.frame(_user_key(key), as_bytes(value)))
 
     def get(self, key: Data) -> bytes:
-        return self.wait_get(key)
+        return self._get(key, self._timeout_seconds)
 
     def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` for it: one round trip on our server."""
+        return self._get(key, self._deadline_seconds(timeout))
+
+    def _get(self, key: Data, seconds: float) -> bytes:
         user_key = _user_key(key)
-        seconds = self._deadline_seconds(timeout)
         if self._session.extended:
             frame = WaitGet.frame((user_key,))
             _, values = self._blocking(frame, WaitGet.reply, 1, seconds, [key])
-            return self._fetched(values)[0]
+            if values is None:
+                raise self._cancelled_unasked()
+            return values[0]
         # A PyTorch server: WAIT, then GET (as PyTorch's client does).
         self._blocking(Wait.frame((user_key,)), Wait.reply, 0, seconds, [key])
         return self._request(Get.frame(user_key), Get.reply)
 
-    def _fetched(self, values: list[bytes] | None) -> list[bytes]:
-        """The values of a WAIT_GET that was answered (None: the server cancelled it unasked)."""
-        if values is None:
-            self._disconnect()
-            raise StoreConnectionError(
-                f"the store at {self.endpoint} cancelled a wait this client did not cancel",
-                self._host,
-                self._port,
-            )
-        return values
+    def _cancelled_unasked(self) -> StoreConnectionError:
+        """A WAIT_GET's reply was WAIT_CANCELED though this client cancelled nothing."""
+        self._disconnect()
+        return StoreConnectionError(
+            f"the store at {self.endpoint} cancelled a wait this client did not cancel",
+            self._host,
+            self._port,
+        )
 
     def add(self, key: Data, amount: int) -> int:
         if type(amount) is not int or not INT64_MIN <= amount <= INT64_MAX:
@@ -734,7 +765,9 @@ class TCPStore(Store):
             frame = WaitGet.frame(user_keys)
             timeout = self._timeout_seconds
             _, values = self._blocking(frame, WaitGet.reply, len(user_keys), timeout, keys)
-            return self._fetched(values)
+            if values is None:
+                raise self._cancelled_unasked()
+            return values
         self.wait(keys)
         return self._request(MultiGet(user_keys).encode(), MultiGet.reply, len(user_keys))
 
@@ -784,7 +817,7 @@ class TCPStore(Store):
                 sock = self._socket(self._timeout_seconds)
                 try:
                     sock.sendall(request * asked)
-                    replies = [self._receive(QueuePop.reply) for _ in range(asked)]
+                    replies = [self._receive(sock, QueuePop.reply) for _ in range(asked)]
                 except _TIMED_OUT as exc:
                     self._disconnect()
                     raise StoreTimeoutError(

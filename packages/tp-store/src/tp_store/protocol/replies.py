@@ -26,6 +26,9 @@ U8: Final = struct.Struct("<B")
 U32: Final = struct.Struct("<I")
 I64: Final = struct.Struct("<q")
 U64: Final = struct.Struct("<Q")
+# The struct methods the clients' whole replies are read with, looked up once.
+_unpack_i64: Final = I64.unpack_from
+_unpack_u64: Final = U64.unpack_from
 
 
 class WaitReply(enum.IntEnum):
@@ -33,6 +36,9 @@ class WaitReply(enum.IntEnum):
 
     STOP_WAITING = 0
     WAIT_CANCELED = 1
+
+
+_STOP_WAITING: Final = int(WaitReply.STOP_WAITING)
 
 
 class CheckReply(enum.IntEnum):
@@ -128,6 +134,16 @@ class ReplyFormat(Generic[_T]):
         """The value at the reader (``NeedMoreData`` if incomplete, ``ProtocolError`` if bad)."""
         raise NotImplementedError
 
+    def whole(self, data: bytearray, size: int, count: int, limits: Limits) -> _T | Incomplete:
+        """The value when ``data[:size]`` is exactly one valid reply, else :data:`INCOMPLETE`.
+
+        A client's every reply arrives so, as a rule: this reads it without a
+        reader or a buffer. Anything else (part of a reply, more than one, a
+        bad value) is :data:`INCOMPLETE` here, for :class:`ReplyBuffer` to read
+        or refuse. Formats without this path always answer :data:`INCOMPLETE`.
+        """
+        return INCOMPLETE
+
     def status(self, value: _T) -> int:
         """The :class:`WaitReply` a blocking request's reply starts with."""
         raise ProtocolError(f"{type(self).__name__} is not the reply of a blocking request")
@@ -163,6 +179,9 @@ class FlagReply(ReplyFormat[int]):
         if value > 1:
             raise ProtocolError(f"one-byte reply must be 0 or 1, got {value}")
         return value
+
+    def whole(self, data: bytearray, size: int, count: int, limits: Limits) -> int | Incomplete:
+        return data[0] if size == 1 and data[0] <= 1 else INCOMPLETE
 
     def status(self, value: int) -> int:
         return value
@@ -202,6 +221,12 @@ class NumberReply(ReplyFormat[int]):
     def decode(self, reader: ReplyReader, count: int) -> int:
         return reader.i64()
 
+    def whole(self, data: bytearray, size: int, count: int, limits: Limits) -> int | Incomplete:
+        if size != 8:
+            return INCOMPLETE
+        value: int = _unpack_i64(data)[0]
+        return value
+
 
 class BytesReply(ReplyFormat[bytes]):
     """A byte string: GET, COMPARE_SET, STATS and the authentication replies."""
@@ -214,6 +239,11 @@ class BytesReply(ReplyFormat[bytes]):
 
     def decode(self, reader: ReplyReader, count: int) -> bytes:
         return reader.blob()
+
+    def whole(self, data: bytearray, size: int, count: int, limits: Limits) -> bytes | Incomplete:
+        if size < 8 or size - 8 != _unpack_u64(data)[0] or size - 8 > limits.max_value_bytes:
+            return INCOMPLETE
+        return bytes(data[8:size])
 
 
 class ValuesReply(ReplyFormat[list[bytes]]):
@@ -285,21 +315,24 @@ class WaitGetReply(ReplyFormat[Waited]):
         return b"\x00" + blob_fields(values)
 
     def decode(self, reader: ReplyReader, count: int) -> Waited:
-        buf = reader.buf
-        start = reader.pos
-        if count == 1 and reader.end - start >= 9 and buf[start] == WaitReply.STOP_WAITING:
-            # A get's reply, whole in the buffer as a rule: read without the helpers.
-            size: int = U64.unpack_from(buf, start + 1)[0]
-            stop = start + 9 + size
-            if size <= reader.limits.max_value_bytes and stop <= reader.end:
-                reader.pos = stop
-                return (WaitReply.STOP_WAITING, [bytes(buf[start + 9 : stop])])
         status = reader.u8()
         if status == WaitReply.STOP_WAITING:
             return (status, [reader.blob()] if count == 1 else reader.blobs(count))
         if status == WaitReply.WAIT_CANCELED:
             return (status, None)
         raise ProtocolError(f"WAIT_GET reply must start with 0 or 1, got {status}")
+
+    def whole(self, data: bytearray, size: int, count: int, limits: Limits) -> Waited | Incomplete:
+        # A get's reply (one value); a MULTI_GET's takes the general way.
+        if (
+            count != 1
+            or size < 9
+            or data[0] != _STOP_WAITING
+            or size - 9 != _unpack_u64(data, 1)[0]
+            or size - 9 > limits.max_value_bytes
+        ):
+            return INCOMPLETE
+        return (_STOP_WAITING, [bytes(data[9:size])])
 
     def status(self, value: Waited) -> int:
         return value[0]
@@ -399,53 +432,45 @@ class ReplyBuffer:
     length arrives.
     """
 
-    __slots__ = ("_buf", "_limits")
+    __slots__ = ("limits", "pending")
 
     def __init__(self, limits: Limits | None = None) -> None:
-        self._limits = limits or Limits()
-        self._buf: bytes | bytearray = b""
+        #: What a reply may hold.
+        self.limits = limits or Limits()
+        #: Bytes received and not yet read as a reply (not to be changed but by the
+        #: methods here); empty as a rule between replies.
+        self.pending: bytes | bytearray = b""
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet read as a reply."""
-        return len(self._buf)
+        return len(self.pending)
 
     def feed(self, data: bytes) -> None:
         """Add bytes received from the server."""
-        buf = self._buf
+        buf = self.pending
         if not buf:
-            self._buf = data  # the common case: kept as is, not copied
+            self.pending = data  # the common case: kept as is, not copied
         elif isinstance(buf, bytearray):
             buf += data
         else:
-            self._buf = bytearray(buf) + data
+            self.pending = bytearray(buf) + data
 
     def clear(self) -> None:
         """Forget what is buffered (after a connection is lost)."""
-        self._buf = b""
+        self.pending = b""
 
     def received(self, data: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T | Incomplete:
-        """:meth:`feed` ``data``, then :meth:`read`: a client's every receive, in one call."""
-        if self._buf:
-            self.feed(data)
-        else:
-            self._buf = data
+        """:meth:`feed` ``data``, then :meth:`read`."""
+        self.feed(data)
         return self.read(reply, count)
 
     def read(self, reply: ReplyFormat[_T], count: int = 0) -> _T | Incomplete:
         """The next reply in ``reply``'s format, or :data:`INCOMPLETE`."""
-        buf = self._buf
+        buf = self.pending
         if len(buf) < reply.min_size:
             return INCOMPLETE
-        # One-integer replies (ADD, counts) are many clients' hot path: no reader.
-        if reply is NUMBER_REPLY and len(buf) >= 8:
-            value: _T = I64.unpack_from(buf)[0]
-            if len(buf) == 8:
-                self._buf = b""
-            else:
-                self._consume(8)
-            return value
-        reader = ReplyReader(buf, self._limits)
+        reader = ReplyReader(buf, self.limits)
         try:
             decoded = reply.decode(reader, count)
         except NeedMoreData:
@@ -454,13 +479,13 @@ class ReplyBuffer:
         return decoded
 
     def _consume(self, size: int) -> None:
-        buf = self._buf
+        buf = self.pending
         if size == len(buf):
-            self._buf = b""
+            self.pending = b""
         elif isinstance(buf, bytearray):
             del buf[:size]
         else:
-            self._buf = buf[size:]
+            self.pending = buf[size:]
 
 
 class ReplyParser:
