@@ -95,7 +95,8 @@ class StoreState:
         if len(data) + self._queued >= self._max_keys and key not in data:
             self._refuse_new_entry(key)
         data[key] = value
-        self._written(key, value)
+        if self._waiters or self._watches:  # as a rule nobody waits or watches
+            self._written(key, value)
 
     def add(self, key: bytes, delta: int) -> int:
         data = self.data
@@ -108,7 +109,8 @@ class StoreState:
                 self._refuse_new_entry(key)
         value = str(total).encode()
         data[key] = value
-        if key in self._waiters or key in self._watches:
+        # As a rule nobody waits or watches: two truth tests, no lookups.
+        if (self._waiters or self._watches) and (key in self._waiters or key in self._watches):
             self._written(key, value)
         return total
 

@@ -71,6 +71,7 @@ class RequestParser:
         "_remaining",
         "_start",
         "_validated",
+        "buffered",
     )
 
     def __init__(self, limits: Limits | None = None, *, authenticated: bool = True) -> None:
@@ -80,6 +81,9 @@ class RequestParser:
         self._max_keys = limits.max_keys_per_request
         self._buf: bytes | bytearray = b""
         self._start = 0  # where the next request (or the one in progress) begins
+        #: Bytes received but not yet returned as requests (kept, not computed:
+        #: the server reads it before every request).
+        self.buffered = 0
         self._validated = False
         # The request in progress: its fields so far (None: none begun).
         self._fields: list[Any] | None = None
@@ -116,6 +120,7 @@ class RequestParser:
             # The common case: nothing left over, nothing copied.
             self._buf = data if type(data) is bytes else bytes(data)
             self._start = self._pos = 0
+            self.buffered = len(data)
             return
         if start:  # drop what was parsed, once per feed
             if self._fields is not None:
@@ -129,11 +134,7 @@ class RequestParser:
             buf += data
         else:
             self._buf = bytearray(buf) + data
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as requests."""
-        return len(self._buf) - self._start
+        self.buffered = len(self._buf) - self._start
 
     def __iter__(self) -> Iterator[Request]:
         return self
@@ -202,6 +203,7 @@ class RequestParser:
         else:
             self._fields = None
             self._start = pos
+            self.buffered = end - pos
             if not self._validated:
                 if fields[0] != VALIDATE_MAGIC:
                     raise ProtocolError(
