@@ -82,8 +82,6 @@ _pack_u64 = U64.pack
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
     int, (Opcode.SET, Opcode.GET, Opcode.ADD, Opcode.CHECK, Opcode.WAIT, Opcode.WAIT_GET)
 )
-#: The requests the direct path answers when they name one key.
-_ONE_KEY_OPCODES: Final = frozenset((_OP_WAIT, _OP_WAIT_GET, _OP_CHECK))
 
 #: A hot request decoded: its opcode, its key, and its delta (ADD), value (SET) or None.
 _Decoded = tuple[int, bytes, Any]
@@ -299,7 +297,7 @@ class ServerSession:
             if length != stop + 8 + value_size or value_size > limits.max_value_bytes:
                 return None
             return opcode, data[9:stop], data[stop + 8 :]
-        if opcode in _ONE_KEY_OPCODES:
+        if opcode == _OP_WAIT or opcode == _OP_WAIT_GET or opcode == _OP_CHECK:
             if size != 1 or length < 17:
                 return None
             size = _unpack_u64(data, 9)[0]
