@@ -17,7 +17,6 @@ from tp_store.protocol import (
     Add,
     AuthRefused,
     Check,
-    CheckReply,
     ClientSession,
     CompareSet,
     Event,
@@ -36,7 +35,6 @@ from tp_store.protocol import (
     WaitReply,
     advance,
 )
-from tp_store.protocol.server_session import KNOWN_REQUEST_BYTES, KNOWN_REQUESTS
 from tp_store.state import StoreState
 
 SECRET = b"s" * 32
@@ -265,46 +263,6 @@ def test_the_direct_path_answers_as_the_general_one(state: StoreState) -> None:
         general.server.outbox.clear()
     assert direct.ops == general.ops
     assert state.data == {b"/k": b"v", b"/n": b"3"}
-
-
-def test_the_direct_path_answers_requests_met_before_as_new_ones(state: StoreState) -> None:
-    direct, general = Pair(state, None, None), Pair(StoreState(), None, None)
-    direct.connect()
-    general.connect()
-    big_key = b"/" + b"k" * KNOWN_REQUEST_BYTES  # not remembered: decoded each time
-    for frame in [*HOT_REQUESTS, Add.frame(big_key, 1)] * 3:
-        reply = direct.server.answer(frame)
-        general.server.receive(frame)
-        assert general.server.serve() is Turn.IDLE
-        assert reply == b"".join(general.server.outbox), frame
-        general.server.outbox.clear()
-    assert direct.ops == general.ops
-    assert state.data == {b"/k": b"v", b"/n": b"9", big_key: b"3"}
-
-
-def test_a_request_met_before_is_applied_to_the_state_as_it_is_now(state: StoreState) -> None:
-    pair = Pair(state, None, None)
-    pair.connect()
-    state.set(b"/k", b"v")
-    wait, get, check = Wait.frame((b"/k",)), Get.frame(b"/k"), Check((b"/k",)).encode()
-    assert pair.server.answer(wait) == Wait.reply.encode(WaitReply.STOP_WAITING)
-    assert pair.server.answer(get) == Get.reply.encode(b"v")
-    assert pair.server.answer(check) == Check.reply.encode(CheckReply.READY)
-    state.delete(b"/k")
-    assert pair.server.answer(wait) is None  # it parks: the general path's
-    assert pair.server.answer(get) == Get.reply.encode(b"")
-    assert pair.server.answer(check) == Check.reply.encode(CheckReply.NOT_READY)
-    assert pair.send(wait) is Turn.IDLE  # parked
-    assert pair.server.answer(get) is None  # not while a wait is parked
-    assert sum(pair.ops) == 2 + 5 + 1  # the handshake, the five answers, the parked WAIT
-
-
-def test_a_session_remembers_a_few_requests_only(state: StoreState) -> None:
-    pair = Pair(state, None, None)
-    pair.connect()
-    for index in range(10 * KNOWN_REQUESTS):
-        assert pair.server.answer(Add.frame(b"/n%d" % index, 1)) == Add.reply.encode(1)
-        assert len(pair.server._known) <= KNOWN_REQUESTS
 
 
 @pytest.mark.parametrize(

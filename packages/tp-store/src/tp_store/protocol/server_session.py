@@ -55,10 +55,6 @@ REQUESTS_BEFORE_AUTH: Final = 16
 #: Reply bytes a turn gathers before it lets them out (and finds whether the
 #: client reads them): a pipeline of big replies never piles up in memory.
 FLUSH_BYTES: Final = 256 * 1024
-#: Hot requests a session remembers decoded at most, and the size of one
-#: (an ADD of a key of 111 bytes): a few KiB of memory per connection at most.
-KNOWN_REQUESTS: Final = 8
-KNOWN_REQUEST_BYTES: Final = 128
 #: Bytes a parked wait is counted for besides its keys (the waiter and its
 #: entries in the state's tables).
 PARKED_KEY_OVERHEAD: Final = 128
@@ -82,9 +78,6 @@ _pack_u64 = U64.pack
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
     int, (Opcode.SET, Opcode.GET, Opcode.ADD, Opcode.CHECK, Opcode.WAIT, Opcode.WAIT_GET)
 )
-
-#: A hot request decoded: its opcode, its key, and its delta (ADD), value (SET) or None.
-_Decoded = tuple[int, bytes, Any]
 
 #: Which requests are parsed in a phase (a WAITING connection may only cancel).
 _WAITING_LAYOUTS: Final[Layouts] = {Opcode.CANCEL_WAIT: LAYOUTS[Opcode.CANCEL_WAIT]}
@@ -117,7 +110,6 @@ class ServerSession:
 
     __slots__ = (
         "_auth",
-        "_known",
         "_limits",
         "_ops",
         "_parser",
@@ -172,8 +164,6 @@ class ServerSession:
         self._turn_left = REQUESTS_PER_TURN
         #: Requests the last :meth:`serve` applied.
         self.served = 0
-        # The hot requests met lately, decoded (see answer): request -> decoded.
-        self._known: dict[bytes, _Decoded] = {}
 
     # -- what the I/O layer reads -------------------------------------------------
 
@@ -229,82 +219,63 @@ class ServerSession:
         buffered: what a client waiting for each reply sends. It is applied and
         counted as :meth:`serve` would (b"": applied, no reply), without the parser
         and the turn. None: nothing was done; :meth:`receive` and :meth:`serve` it.
-
-        A client repeats its requests (the same counter, the same keys): the last
-        few small ones decoded are remembered, and met again are not decoded again.
         """
-        if self.phase is not _SERVING or self._parser.buffered:
-            return None
         length = len(data)
-        known = self._known
-        decoded = known.get(data) if length <= KNOWN_REQUEST_BYTES else None
-        if decoded is None:
-            decoded = self._decode(data, length)
-            if decoded is None:
-                return None
-            if length <= KNOWN_REQUEST_BYTES and decoded[0] != _OP_SET:  # values vary
-                if len(known) >= KNOWN_REQUESTS:
-                    known.clear()
-                known[data] = decoded
-        opcode, key, argument = decoded
-        state = self._state
-        if opcode == _OP_ADD:
-            reply = _pack_i64(state.add(key, argument))
-        elif opcode == _OP_GET:
-            try:  # a subscript costs less than a get(), and the key is there as a rule
-                value = state.data[key]
-            except KeyError:
-                value = b""
-            reply = _pack_u64(len(value)) + value
-        elif opcode == _OP_WAIT:
-            # A value first (the common case), then the queues, without a call.
-            if key not in state.data and not state.exists(key):
-                return None  # parked: the general path
-            reply = _STOP_WAITING
-        elif opcode == _OP_SET:
-            state.set(key, argument)
-            reply = b""
-        elif opcode == _OP_WAIT_GET:
-            found = state.data.get(key)
-            if found is None:
-                return None  # parked, or a queue: the general path
-            reply = b"".join((_STOP_WAITING, _pack_u64(len(found)), found))
-        else:
-            reply = _READY if key in state.data or state.exists(key) else _NOT_READY
-        self._ops[opcode] += 1
-        return reply
-
-    def _decode(self, data: bytes, length: int) -> _Decoded | None:
-        """``data`` as its opcode, key and delta (ADD) or value (SET) when it is
-        one whole hot request within the limits (see :meth:`answer`)."""
         limits = self._limits
-        if length < 9 or length > limits.max_message_bytes:  # the parser refuses it
+        if (
+            self.phase is not _SERVING
+            or self._parser.buffered
+            or length < 9
+            or length > limits.max_message_bytes  # the parser refuses it
+        ):
             return None
         opcode, size = _unpack_head(data)
         if opcode == _OP_ADD:
             if length != 17 + size or size > limits.max_key_bytes:
                 return None
-            return opcode, data[9 : 9 + size], _unpack_i64(data, 9 + size)[0]
-        if opcode == _OP_GET:
+            total = self._state.add(data[9 : 9 + size], _unpack_i64(data, 9 + size)[0])
+            reply = _pack_i64(total)
+        elif opcode == _OP_GET:
             if length != 9 + size or size > limits.max_key_bytes:
                 return None
-            return opcode, data[9:], None
-        if opcode == _OP_SET:
+            try:  # a subscript costs less than a get(), and the key is there as a rule
+                value = self._state.data[data[9:]]
+            except KeyError:
+                value = b""
+            reply = _pack_u64(len(value)) + value
+        elif opcode == _OP_SET:
             stop = 9 + size
             if length < stop + 8 or size > limits.max_key_bytes:
                 return None
             value_size: int = _unpack_u64(data, stop)[0]
             if length != stop + 8 + value_size or value_size > limits.max_value_bytes:
                 return None
-            return opcode, data[9:stop], data[stop + 8 :]
-        if opcode == _OP_WAIT or opcode == _OP_WAIT_GET or opcode == _OP_CHECK:
+            self._state.set(data[9:stop], data[stop + 8 :])
+            reply = b""
+        elif opcode == _OP_WAIT or opcode == _OP_WAIT_GET or opcode == _OP_CHECK:
             if size != 1 or length < 17:
                 return None
             size = _unpack_u64(data, 9)[0]
             if length != 17 + size or size > limits.max_key_bytes:
                 return None
-            return opcode, data[17:], None
-        return None
+            key = data[17:]
+            state = self._state
+            if opcode == _OP_WAIT:
+                # A value first (the common case), then the queues, without a call.
+                if key not in state.data and not state.exists(key):
+                    return None
+                reply = _STOP_WAITING
+            elif opcode == _OP_WAIT_GET:
+                found = state.data.get(key)
+                if found is None:
+                    return None  # parked, or a queue: the general path
+                reply = b"".join((_STOP_WAITING, _pack_u64(len(found)), found))
+            else:
+                reply = _READY if key in state.data or state.exists(key) else _NOT_READY
+        else:
+            return None
+        self._ops[opcode] += 1
+        return reply
 
     def close(self) -> None:
         """End the session: its parked wait is dropped; nothing more is served."""
@@ -312,7 +283,6 @@ class ServerSession:
         self.phase = advance(self.phase, Event.CLOSED)
         self.admitted = False
         self._parser = RequestParser(self._limits)  # its buffer is garbage now
-        self._known.clear()
 
     # -- session rules ----------------------------------------------------------------
     def _before_auth(self) -> None:
