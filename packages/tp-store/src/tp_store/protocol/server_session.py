@@ -78,6 +78,8 @@ _pack_u64 = U64.pack
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
     int, (Opcode.SET, Opcode.GET, Opcode.ADD, Opcode.CHECK, Opcode.WAIT, Opcode.WAIT_GET)
 )
+#: The requests the direct path answers when they name one key.
+_ONE_KEY_OPCODES: Final = frozenset((_OP_WAIT, _OP_WAIT_GET, _OP_CHECK))
 
 #: Which requests are parsed in a phase (a WAITING connection may only cancel).
 _WAITING_LAYOUTS: Final[Layouts] = {Opcode.CANCEL_WAIT: LAYOUTS[Opcode.CANCEL_WAIT]}
@@ -252,7 +254,7 @@ class ServerSession:
                 return None
             self._state.set(data[9:stop], data[stop + 8 :])
             reply = b""
-        elif opcode == _OP_WAIT or opcode == _OP_WAIT_GET or opcode == _OP_CHECK:
+        elif opcode in _ONE_KEY_OPCODES:
             if size != 1 or length < 17:
                 return None
             size = _unpack_u64(data, 9)[0]
