@@ -193,7 +193,8 @@ def _tp_store_compiled() -> tuple[str, ...]:
     )
 
 
-# Not a default session: the compiled build does not pay today (tp-store's README).
+# Not a default session: the compiled build does not pay today (tp-store's README), and it
+# needs a C compiler, which the README's test command does not assume; .ci/run runs it.
 @nox.session(default=False)
 def tests_compiled(session: nox.Session) -> None:
     """tp-store's mypyc build (``TP_STORE_COMPILE=1``) through what the pure one passes.
