@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -203,6 +204,33 @@ def test_pings_keep_a_raw_session_alive(plain: Served) -> None:
     assert not observer.check(["present/pinger"])
     assert plain.stats()["sessions_ended_closed"] == 1
     observer.close()
+
+
+def test_a_stalled_server_does_not_take_a_pinging_client_for_silent(plain: Served) -> None:
+    store, writer = plain.client(), plain.client()
+    session = store.open_session(0.3)
+    stalled = threading.Event()
+
+    def stall(value: bytes) -> bool:
+        # The whole server stops, past the session's timeout, while it reads a request
+        # (uvloop then runs its due timers before it reads the sockets again).
+        stalled.set()
+        time.sleep(1.0)
+        return True
+
+    state = plain.thread.server.state
+    plain.thread.call(lambda: state.watch(b"/stall", stall))
+    staller = threading.Thread(target=writer.set, args=("stall", "now"))
+    staller.start()
+    assert stalled.wait(TIMEOUT)
+    # Sent during the stall: unread when the server comes back and its timer is overdue.
+    session.keep_alive()
+    staller.join()
+    session.keep_alive()
+    assert plain.stats()["sessions_ended_expired"] == 0
+    session.close()
+    store.close()
+    writer.close()
 
 
 # -- bad frames -------------------------------------------------------------------------
