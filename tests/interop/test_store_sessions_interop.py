@@ -1,70 +1,26 @@
-"""Store sessions and PyTorch: our client on torch's servers, torch's client on ours.
+"""Store sessions and PyTorch's client on our server.
 
-A PyTorch server does not accept the protocol extensions, so our client's
-``open_session`` refuses at once and sends nothing (an unknown opcode would
-make the server drop the connection). On our server, PyTorch's client sees
-the sessions' keys as ordinary keys, and a will pushed when a session ends
-wakes it in ``wait`` like any write.
+PyTorch's client sees the sessions' keys as ordinary keys, and a will pushed
+when a session ends wakes it in ``wait`` like any write. (Our client's
+``open_session`` on a PyTorch server: ``test_server_stats_interop.py``.)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
-from interop_support import ANSWER_TIMEOUT, STORE_TIMEOUT, OurServer, TorchStore, WorkerPool
+from interop_support import ANSWER_TIMEOUT, STORE_TIMEOUT, OurServer, WorkerPool
 
-from tp_store import PrefixStore, TCPStore, UnsupportedOperationError
+from tp_store import TCPStore
 
 pytestmark = pytest.mark.interop
 
-#: Store timeout of connections to a torch server (see test_our_client_torch_server.py).
-CONNECT_TIMEOUT = 20.0
-
-
-@pytest.mark.parametrize("use_libuv", [True, False], ids=["libuv", "legacy"])
-def test_a_session_on_a_torch_server_is_refused_at_once(
-    workers: WorkerPool, use_libuv: bool
-) -> None:
-    (worker,) = workers.get(1)
-    master: TorchStore = worker.store(
-        host_name="127.0.0.1",
-        port=0,
-        is_master=True,
-        use_libuv=use_libuv,
-        timeout=CONNECT_TIMEOUT,
-    )
-    store = TCPStore("127.0.0.1", master.port, timeout=CONNECT_TIMEOUT)
-    try:
-        message = (
-            f"the server at 127.0.0.1:{master.port} does not offer store sessions "
-            r"\(not a tp-store server\)"
-        )
-        with pytest.raises(UnsupportedOperationError, match=message):
-            store.open_session(5)
-        with pytest.raises(UnsupportedOperationError, match=message):
-            PrefixStore("job", store).open_session(5)
-        # Nothing was sent: the connection still works, for torch's client too.
-        store.set("after", "1")
-        assert store.get("after") == b"1"
-        assert master.get("after") == b"1"
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def ours(our_server: OurServer) -> Iterator[TCPStore]:
-    store = TCPStore(our_server.host, our_server.port, timeout=STORE_TIMEOUT)
-    try:
-        yield store
-    finally:
-        store.close()
-
 
 def test_torch_s_client_sees_session_keys_and_is_woken_by_a_will(
-    our_server: OurServer, workers: WorkerPool, ours: TCPStore
+    our_server: OurServer, workers: WorkerPool
 ) -> None:
+    ours = TCPStore(our_server.host, our_server.port, timeout=STORE_TIMEOUT)
     (worker,) = workers.get(1)
     torch_client = worker.store(host_name=our_server.host, port=our_server.port)
     session = ours.open_session(60)
@@ -82,3 +38,4 @@ def test_torch_s_client_sees_session_keys_and_is_woken_by_a_will(
     assert not torch_client.check(["present/ours"])
     assert torch_client.get("ordinary") == b"1"
     assert ours.queue_pop("departures", block=False) == b"ours gone"
+    ours.close()
