@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tp_rdzv_etcd import EtcdStore
+from tp_rdzv_etcd import EtcdSession, EtcdStore
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import PrefixStore, SessionExpiredError, Store, StoreTimeoutError
 from tp_store.testing.contract import TIMEOUT, Call, Harness
@@ -59,7 +59,7 @@ def store(etcd1: LocalEtcd) -> Iterator[EtcdStore]:
 # a will through it, says "ready", then keeps the session alive until killed.
 _HOLDER = """
 import sys, time
-from tp_rdzv_etcd import EtcdStore
+from tp_rdzv_etcd import EtcdSession, EtcdStore
 endpoints, prefix, name = sys.argv[1:4]
 store = EtcdStore(endpoints, prefix, timeout=30)
 session = store.open_session(1)
@@ -190,13 +190,27 @@ def test_live_wills_make_no_queue_and_no_key(store: EtcdStore) -> None:
     assert store.queue_len("departures") == 1
 
 
-def test_a_session_whose_lease_expired_says_so_on_every_use(store: EtcdStore) -> None:
-    session = store.open_session(1)
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda session: session.set("present/a", "again"),
+        lambda session: session.compare_set("present/a", "", "again"),
+        lambda session: session.add_will("departures", "gone"),
+        lambda session: session.keep_alive(),
+    ],
+    ids=["set", "compare_set", "add_will", "keep_alive"],
+)
+def test_a_session_whose_lease_is_gone_finds_out_at_its_next_use(
+    store: EtcdStore, use: Callable[[EtcdSession], object]
+) -> None:
+    session = store.open_session(LONG)
+    assert isinstance(session, EtcdSession)
     session.set("present/a", "token")
-    # Revoked behind its back (as etcd does when it expires).
+    # Revoked behind its back, as etcd does when the lease expires.
     store._call("/v3/lease/revoke", {"ID": str(session.lease)})
     with pytest.raises(SessionExpiredError, match="expired"):
-        session.set("present/a", "again")
+        use(session)
     assert session.ended
     assert not store.check(["present/a"])
+    assert store.queue_len("departures") == 0  # nothing written with the lease gone
     session.close()

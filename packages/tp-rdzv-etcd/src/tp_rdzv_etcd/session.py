@@ -59,6 +59,7 @@ class EtcdSession(StoreSession):
         self._store = store
         self._lock = threading.Lock()
         self._wills: list[Will] = []
+        self._numbered = 0  # wills numbered so far (a failed add_will uses up its number)
         self._max_wills = Limits().max_session_wills
         self._ended = False
         self._renewed = time.monotonic()
@@ -123,7 +124,8 @@ class EtcdSession(StoreSession):
         with self._lock:
             if len(self._wills) >= self._max_wills:
                 raise StoreLimitError(f"a store session may hold at most {self._max_wills} wills")
-            number = len(self._wills)
+            number = self._numbered
+            self._numbered += 1
         self._renew_if_due()
         record = layout.will_record(raw_queue, self.lease, number)
         puts: list[Json] = [
