@@ -20,8 +20,15 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tp_rdzv_etcd import EtcdSession, EtcdStore
+from tp_rdzv_etcd.layout import b64
 from tp_rdzv_etcd.local import LocalEtcd
-from tp_store import PrefixStore, SessionExpiredError, Store, StoreTimeoutError
+from tp_store import (
+    PrefixStore,
+    QueueEmptyError,
+    SessionExpiredError,
+    Store,
+    StoreTimeoutError,
+)
 from tp_store.testing.contract import TIMEOUT, Call, Harness
 from tp_store.testing.session_contract import LONG, StoreSessionContract
 
@@ -214,3 +221,17 @@ def test_a_session_whose_lease_is_gone_finds_out_at_its_next_use(
     assert not store.check(["present/a"])
     assert store.queue_len("departures") == 0  # nothing written with the lease gone
     session.close()
+
+
+def test_a_will_record_deleted_by_hand_leaves_readers_working(store: EtcdStore) -> None:
+    with store.open_session(LONG) as session:
+        assert isinstance(session, EtcdSession)
+        session.add_will("departures", "gone")
+        # As `etcdctl del` of the record would: its mark stays, a will that can never fall due.
+        record = store._layout.will_record(b"departures", session.lease, 0)
+        store._call("/v3/kv/deleterange", {"key": b64(record)})
+        assert store.queue_len("departures") == 0
+        assert not store.check(["departures"])
+        with pytest.raises(QueueEmptyError):
+            store.queue_pop("departures", block=False)
+    assert store.queue_len("departures") == 0

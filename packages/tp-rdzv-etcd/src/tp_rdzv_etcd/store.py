@@ -478,9 +478,8 @@ class EtcdStore(Store):
                     found, records, marks = responses[3 * index : 3 * index + 3]
                     if found.get("response_range", {}).get("kvs"):
                         continue
-                    if any_due(records, marks):
-                        push_due(self._call, self._layout, key)
-                        due.append(key)
+                    if any_due(records, marks) and push_due(self._call, self._layout, key):
+                        due.append(key)  # read it again
                     else:
                         missing.append((key, _revision(answer)))
                 chunk = due
@@ -597,9 +596,8 @@ class EtcdStore(Store):
                 [], [{"request_range": read}, *count_requests(self._layout, raw_key)]
             )
             found, records, marks = answer.get("responses", [])
-            if not any_due(records, marks):
+            if not any_due(records, marks) or not push_due(self._call, self._layout, raw_key):
                 return found.get("response_range", {}), _revision(answer)
-            push_due(self._call, self._layout, raw_key)
 
     def queue_pop(self, key: Data, block: bool = True) -> bytes:
         """Pop the oldest value of the queue at ``key``.

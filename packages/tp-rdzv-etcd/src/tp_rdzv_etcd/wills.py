@@ -76,16 +76,23 @@ def wakes(event: Json, layout: KeyLayout, key: bytes) -> bool:
     return not deleted
 
 
-def push_due(call: Call, layout: KeyLayout, key: bytes) -> None:
-    """Push every due will onto the queue of ``key``, each once whoever else does too."""
+def push_due(call: Call, layout: KeyLayout, key: bytes) -> bool:
+    """Push every due will onto the queue of ``key``, each once whoever else does too.
+
+    Returns whether any was due (pushed here or by another reader meanwhile):
+    ``False`` means the counts of :func:`any_due` differ for another reason
+    (say, records deleted by hand), and reading again would not change them.
+    """
     wills, records = layout.wills(key), layout.will_records(key)
+    found = False
     while True:
         answer = call("/v3/kv/range", {"key": b64(wills), "range_end": b64(range_end(wills))})
         due = _due(layout, key, answer.get("kvs", []))
+        found = found or bool(due)
         # A session's lease is the first part of its records' suffix.
         rounds = _rounds(due, lambda will: will.record[len(records) :].split(b"/", 1)[0])
         if all(push(call, layout, batch) for batch in rounds):
-            return
+            return found
         # Another reader pushed some of them meanwhile: see what is still due.
 
 
