@@ -3,7 +3,8 @@
 - ``open_session`` grants a lease whose TTL is the session's timeout (whole
   seconds, at least etcd's minimum); ``keep_alive`` renews it through
   ``LeaseKeepAlive``, which the leader serves from memory: nothing is written
-  to etcd's log, so a keep-alive costs etcd a fraction of a write.
+  to etcd's log (yet etcd's CPU per keep-alive is most of a small write's:
+  the request's cost, see ``benchmarks/etcd_sessions.py``).
 - ``set`` and ``compare_set`` attach what they write to the lease; a later
   write through another session re-attaches the key to that one, a plain
   write or a delete detaches it (etcd's own rules for a put's lease).
