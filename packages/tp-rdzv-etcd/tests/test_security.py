@@ -536,3 +536,23 @@ def test_a_rendezvous_with_a_password_over_http_warns_once_per_handler(
         for handler in handlers:
             handler.shutdown()
     assert len(_plain_http_warnings(caplog)) == 2
+
+
+def test_a_store_session_with_a_password_outlives_its_token(
+    auth_etcd: tuple[LocalEtcd, Admin],
+) -> None:
+    etcd, admin = auth_etcd
+    (member,) = etcd.members
+    user = f"session-{uuid.uuid4().hex[:8]}"
+    admin.add_user(user, PASSWORD, USER)
+    with EtcdStore(etcd.endpoints, _prefix(), timeout=30, user=user, password=PASSWORD) as store:
+        session = store.open_session(60)
+        session.set("present/a", "token")
+        session.add_will("departures", "a left")
+        session.keep_alive()
+        _deleted_token(member, user)  # the session's token expired unused
+        session.keep_alive()
+        session.set("present/a", "again")
+        session.close()
+        assert not store.check(["present/a"])
+        assert store.queue_pop("departures", block=False) == b"a left"
