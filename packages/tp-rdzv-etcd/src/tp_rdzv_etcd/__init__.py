@@ -2,6 +2,7 @@
 
 from .__about__ import __version__
 from .endpoints import Endpoint, parse_endpoints
+from .session import EtcdSession
 from .store import EtcdStore
 
-__all__ = ["Endpoint", "EtcdStore", "__version__", "parse_endpoints"]
+__all__ = ["Endpoint", "EtcdSession", "EtcdStore", "__version__", "parse_endpoints"]

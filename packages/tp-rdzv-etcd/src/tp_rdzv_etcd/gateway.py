@@ -48,6 +48,9 @@ Json = dict[str, Any]
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 #: gRPC UNAUTHENTICATED: the auth token expired or was revoked.
 _UNAUTHENTICATED = 16
+#: gRPC NOT_FOUND, with the words etcd (3.4 and 3.5) uses for a lease it does not know.
+_NOT_FOUND = 5
+_LEASE_NOT_FOUND = "requested lease not found"
 #: What etcd answers when a token predates the last change of users, roles or
 #: permissions (always so for JWT tokens, which carry the auth revision they
 #: were issued at): a new token is the cure. etcd 3.4 says it with gRPC
@@ -69,6 +72,10 @@ _REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
 
 class AmbiguousResultError(StoreConnectionError):
     """A request was sent but its answer was lost: it may or may not have been applied."""
+
+
+class LeaseNotFoundError(StoreError):
+    """etcd knows no lease of the ID a request named: it expired or was revoked."""
 
 
 @dataclass(frozen=True)
@@ -396,4 +403,6 @@ def _failure(endpoint: Endpoint, path: str, status: int, error: Json) -> Excepti
         # The member was reached but cannot serve now; a write it accepted may
         # still be committed by the next leader.
         return _Unavailable(f"unavailable: {message}", reached=True, ambiguous=True)
+    if code == _NOT_FOUND and _LEASE_NOT_FOUND in str(message):
+        return LeaseNotFoundError(f"etcd {endpoint}: {path}: {message}")
     return StoreError(f"etcd {endpoint} rejected {path}: {message} (code {code}, HTTP {status})")

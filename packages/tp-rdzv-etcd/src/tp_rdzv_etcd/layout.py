@@ -4,7 +4,10 @@ Every store key ``k`` owns the etcd range ``<prefix><escaped k>/``:
 
 - ``<prefix><escaped k>/v`` holds its value;
 - ``<prefix><escaped k>/q/<random id>`` holds one queued value each, oldest
-  first by etcd's ``create_revision``.
+  first by etcd's ``create_revision``;
+- ``<prefix><escaped k>/w/...`` holds the wills of store sessions that push
+  onto the queue of ``k`` (see :mod:`.wills`): they sort after the value and
+  the queue, so ``[home, home + "w")`` is exactly what makes ``k`` exist.
 
 The escaping removes every ``/`` from ``k``, so the range of one key never
 contains the range of another; one etcd range (or one watch) therefore covers
@@ -22,6 +25,9 @@ _ESCAPED = re.compile(rb"%(25|2F)")
 _UNESCAPE = {b"25": b"%", b"2F": b"/"}
 _VALUE = b"v"
 _QUEUE = b"q/"
+_WILLS = b"w/"
+_WILL_RECORD = b"r/"
+_WILL_MARK = b"l/"
 
 
 def escape(key: bytes) -> bytes:
@@ -73,6 +79,34 @@ class KeyLayout:
     def new_queue_item(self, key: bytes) -> bytes:
         """A fresh etcd key for one value pushed onto the queue of ``key``."""
         return self.queue(key) + uuid.uuid4().hex.encode()
+
+    def existence_end(self, key: bytes) -> bytes:
+        """The ``range_end`` of ``home(key)`` that covers its value and queue, not its wills."""
+        return self.home(key) + b"w"  # "q/..." < "v" < "w" < "w/..."
+
+    def wills(self, key: bytes) -> bytes:
+        """The range holding the wills that push onto the queue of ``key``."""
+        return self.home(key) + _WILLS
+
+    def will_marks(self, key: bytes) -> bytes:
+        """The range of the lease-attached marks of those wills."""
+        return self.wills(key) + _WILL_MARK
+
+    def will_records(self, key: bytes) -> bytes:
+        """The range of the records (the values to push) of those wills."""
+        return self.wills(key) + _WILL_RECORD
+
+    def will_record(self, key: bytes, lease: int, number: int) -> bytes:
+        """The record of will ``number`` of the session with ``lease``, onto the queue of ``key``.
+
+        A session's wills sort in the order it added them.
+        """
+        return self.will_records(key) + b"%016x/%08x" % (lease, number)
+
+    def will_mark(self, record: bytes) -> bytes:
+        """The mark that goes with the will record ``record`` (same home, same suffix)."""
+        head, _, suffix = record.rpartition(_WILLS + _WILL_RECORD)
+        return head + _WILLS + _WILL_MARK + suffix
 
     def store_key(self, etcd_key: bytes) -> bytes | None:
         """The store key whose value ``etcd_key`` holds; ``None`` for anything else."""

@@ -25,6 +25,11 @@ it was their write; otherwise they retry on top, which may apply them twice.
 A push that is retried could leave its value twice only if the first copy was
 popped in between. ``delete_key`` retried after its delete went through
 reports ``False``.
+
+``open_session`` gives store sessions on etcd leases (:mod:`.session`); the
+wills of ended sessions are pushed by the readers of their queues
+(:mod:`.wills`), so ``queue_pop``, ``queue_len``, ``wait`` and ``check``
+count and push due wills in the same round trip as their reads.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Any
 
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from tp_store import QueueEmptyError, Store
+from tp_store import QueueEmptyError, Store, StoreSession
 from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes, as_keys
 from tp_store.semantics import (
     check_multi_set,
@@ -50,10 +55,13 @@ from tp_store.semantics import (
     key_text,
     timeout_error,
 )
+from tp_store.session import session_timeout_seconds
 
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .layout import KeyLayout, b64, range_end, unb64
+from .session import EtcdSession
+from .wills import any_due, count_requests, push_due, wakes
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,8 @@ _BACKOFF_UNIT = 0.001
 _MAX_BACKOFF = 0.05
 #: The most counters a handle remembers the last revision of.
 _MAX_REMEMBERED = 4096
+#: Keys whose existence one transaction reads: three reads each (see ``_missing``).
+_KEYS_PER_TXN = MAX_TXN_OPS // 3
 
 _Item = tuple[bytes, int, bytes]  # (etcd key, mod_revision, value) of one queued value
 
@@ -93,8 +103,11 @@ def _back_off(conflicts: int) -> None:
     time.sleep(random.uniform(0, min(_MAX_BACKOFF, _BACKOFF_UNIT * 2**conflicts)))
 
 
-def _put(key: bytes, value: bytes) -> Json:
-    return {"request_put": {"key": b64(key), "value": b64(value)}}
+def _put(key: bytes, value: bytes, lease: int = 0) -> Json:
+    request: Json = {"key": b64(key), "value": b64(value)}
+    if lease:
+        request["lease"] = str(lease)
+    return {"request_put": request}
 
 
 def _get(key: bytes) -> Json:
@@ -220,6 +233,15 @@ class EtcdStore(Store):
 
     def __repr__(self) -> str:
         return f"EtcdStore({','.join(self.endpoints)!r}, prefix={self.prefix!r})"
+
+    def open_session(self, timeout: Timeout) -> StoreSession:
+        """A store session on an etcd lease (see :class:`.session.EtcdSession`).
+
+        Its TTL is ``timeout`` rounded up to whole seconds, or etcd's shortest
+        (1.5 election timeouts: 2 s by default) if that is longer; the
+        session's ``timeout`` says which. It has connections of its own.
+        """
+        return EtcdSession.grant(self.clone(), session_timeout_seconds(timeout))
 
     # -- requests ---------------------------------------------------------------
     def _deadline(self) -> float:
@@ -369,11 +391,17 @@ class EtcdStore(Store):
         A missing key with an empty ``expected`` is created; a missing key with
         a non-empty ``expected`` is left missing and ``expected`` is returned.
         """
-        raw_key = as_bytes(key, "key")
-        raw_expected, raw_desired = as_bytes(expected, "expected"), as_bytes(desired, "desired")
-        etcd_key = self._layout.value(raw_key)
+        etcd_key = self._layout.value(as_bytes(key, "key"))
+        return self._compare_set(
+            etcd_key, as_bytes(expected, "expected"), as_bytes(desired, "desired")
+        )
+
+    def _compare_set(
+        self, etcd_key: bytes, raw_expected: bytes, raw_desired: bytes, lease: int = 0
+    ) -> bytes:
+        """``compare_set`` of ``etcd_key``; a write it makes is attached to ``lease`` (if any)."""
         while True:
-            if raw_expected == raw_desired:
+            if raw_expected == raw_desired and not lease:
                 # Nothing to change unless the key must be created: a read.
                 answer = self._range(etcd_key)
             else:
@@ -386,7 +414,7 @@ class EtcdStore(Store):
                             "value": b64(raw_expected),
                         }
                     ],
-                    [_put(etcd_key, raw_desired)],
+                    [_put(etcd_key, raw_desired, lease)],
                     [_get(etcd_key)],
                 )
                 if answer.get("succeeded"):
@@ -406,7 +434,7 @@ class EtcdStore(Store):
                         "create_revision": "0",
                     }
                 ],
-                [_put(etcd_key, raw_desired)],
+                [_put(etcd_key, raw_desired, lease)],
             )
             if created.get("succeeded"):
                 return raw_desired
@@ -422,28 +450,39 @@ class EtcdStore(Store):
 
     # -- existence ----------------------------------------------------------------
     def _missing(self, raw_keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
-        """The keys with neither a value nor a queued value, each with the revision read."""
+        """The keys with neither a value nor a queued value, each with the revision read.
+
+        A missing key whose queue has a due will gets it pushed and is read again.
+        """
         missing: list[tuple[bytes, int]] = []
-        for start in range(0, len(raw_keys), MAX_TXN_OPS):
-            chunk = raw_keys[start : start + MAX_TXN_OPS]
-            reads = []
-            for key in chunk:
-                home = self._layout.home(key)
-                reads.append(
-                    {
-                        "request_range": {
-                            "key": b64(home),
-                            "range_end": b64(range_end(home)),
-                            "limit": 1,
-                            "keys_only": True,
+        for start in range(0, len(raw_keys), _KEYS_PER_TXN):
+            chunk = raw_keys[start : start + _KEYS_PER_TXN]
+            while chunk:
+                reads = []
+                for key in chunk:
+                    reads.append(
+                        {
+                            "request_range": {
+                                "key": b64(self._layout.home(key)),
+                                "range_end": b64(self._layout.existence_end(key)),
+                                "limit": 1,
+                                "keys_only": True,
+                            }
                         }
-                    }
-                )
-            answer = self._txn([], reads)
-            revision = _revision(answer)
-            for key, response in zip(chunk, answer.get("responses", []), strict=True):
-                if not response.get("response_range", {}).get("kvs"):
-                    missing.append((key, revision))
+                    )
+                    reads.extend(count_requests(self._layout, key))
+                answer = self._txn([], reads)
+                responses = answer.get("responses", [])
+                due = []
+                for index, key in enumerate(chunk):
+                    found, records, marks = responses[3 * index : 3 * index + 3]
+                    if found.get("response_range", {}).get("kvs"):
+                        continue
+                    if any_due(records, marks) and push_due(self._call, self._layout, key):
+                        due.append(key)  # read it again
+                    else:
+                        missing.append((key, _revision(answer)))
+                chunk = due
         return missing
 
     def check(self, keys: Sequence[Data]) -> bool:
@@ -460,23 +499,34 @@ class EtcdStore(Store):
             if not missing:
                 return
             key, revision = missing[0]
-            home = self._layout.home(key)
-            if self._await_put(home, range_end(home), revision + 1, deadline) is None:
+            if self._await_home(key, revision + 1, deadline) is None:
                 raise timeout_error([key for key, _ in missing], seconds)
 
+    def _await_home(self, key: bytes, start_revision: int, deadline: float) -> list[Json] | None:
+        """The first news for a reader of ``key`` from ``start_revision`` on (see
+        :func:`.wills.wakes`): a write of its value or queue, or a due will."""
+        home = self._layout.home(key)
+        return self._await_put(home, range_end(home), start_revision, deadline, wills_of=key)
+
     def _await_put(
-        self, key: bytes, end: bytes | None, start_revision: int, deadline: float
+        self,
+        key: bytes,
+        end: bytes | None,
+        start_revision: int,
+        deadline: float,
+        *,
+        wills_of: bytes | None = None,
     ) -> list[Json] | None:
         """The first puts on ``key`` (or ``[key, end)``) from ``start_revision`` on.
 
+        With ``wills_of`` (a store key whose home the range is), the first
+        events that :func:`.wills.wakes` a reader of that key with.
         ``None`` once ``deadline`` passes; ``[]`` if the watch ended early (a
         member died or cancelled it): the caller reads again and re-watches.
         """
-        request: Json = {
-            "key": b64(key),
-            "start_revision": str(start_revision),
-            "filters": ["NODELETE"],
-        }
+        request: Json = {"key": b64(key), "start_revision": str(start_revision)}
+        if wills_of is None:
+            request["filters"] = ["NODELETE"]
         if end is not None:
             request["range_end"] = b64(end)
         response = self._gateway.open_watch(request, deadline)
@@ -494,7 +544,9 @@ class EtcdStore(Store):
                     result = answer.get("result") if isinstance(answer, dict) else None
                     if not isinstance(result, dict) or result.get("canceled"):
                         return []  # an error, a compaction, a member without a leader
-                    events = result.get("events")
+                    events = result.get("events") or []
+                    if wills_of is not None:
+                        events = [e for e in events if wakes(e, self._layout, wills_of)]
                     if events:
                         return list(events)
         except ReadTimeoutError:
@@ -529,9 +581,23 @@ class EtcdStore(Store):
 
     def queue_len(self, key: Data) -> int:
         """The number of values in the queue at ``key``."""
-        queue = self._layout.queue(as_bytes(key, "key"))
-        answer = self._range(queue, range_end(queue), count_only=True)
+        answer, _ = self._read_queue(as_bytes(key, "key"), count_only=True)
         return int(answer.get("count", 0))
+
+    def _read_queue(self, raw_key: bytes, **options: Any) -> tuple[Json, int]:
+        """A range read of the queue of ``raw_key`` after pushing its due wills; the revision.
+
+        The counts that tell whether a will is due go in the same transaction.
+        """
+        queue = self._layout.queue(raw_key)
+        read = {"key": b64(queue), "range_end": b64(range_end(queue)), **options}
+        while True:
+            answer = self._txn(
+                [], [{"request_range": read}, *count_requests(self._layout, raw_key)]
+            )
+            found, records, marks = answer.get("responses", [])
+            if not any_due(records, marks) or not push_due(self._call, self._layout, raw_key):
+                return found.get("response_range", {}), _revision(answer)
 
     def queue_pop(self, key: Data, block: bool = True) -> bytes:
         """Pop the oldest value of the queue at ``key``.
@@ -544,11 +610,11 @@ class EtcdStore(Store):
         deadline = time.monotonic() + seconds
         queue = self._layout.queue(raw_key)
         while True:
-            item, revision = self._oldest(queue)
+            item, revision = self._oldest(raw_key)
             if item is None:
                 if not block:
                     raise QueueEmptyError(f"queue {key_text(raw_key)!r} is empty")
-                if self._await_put(queue, range_end(queue), revision + 1, deadline) is None:
+                if self._await_home(raw_key, revision + 1, deadline) is None:
                     raise timeout_error([raw_key], seconds, "a value in queue")
                 continue
             item_key, mod_revision, value = item
@@ -567,26 +633,24 @@ class EtcdStore(Store):
             if answer.get("succeeded"):
                 return value
 
-    def _oldest(self, queue: bytes) -> tuple[_Item | None, int]:
-        """The oldest value of ``queue`` not known to be popped, and the revision read.
+    def _oldest(self, raw_key: bytes) -> tuple[_Item | None, int]:
+        """The oldest value of the queue of ``raw_key`` not known to be popped, and the
+        revision read.
 
         A batch read returns the oldest values in order; any value it did not
         return is newer than all it did, so they are popped in order first.
         """
+        queue = self._layout.queue(raw_key)
         with self._lock:
             batch = self._batches.get(queue)
             if batch:
                 return batch[0], 0
-        answer = self._range(
-            queue,
-            range_end(queue),
-            limit=_POP_BATCH,
-            sort_order="ASCEND",
-            sort_target="CREATE",
+        answer, revision = self._read_queue(
+            raw_key, limit=_POP_BATCH, sort_order="ASCEND", sort_target="CREATE"
         )
         items = [_kv(kv) for kv in answer.get("kvs", [])]
         if not items:
-            return None, _revision(answer)
+            return None, revision
         with self._lock:
             self._batches[queue] = collections.deque(items)
         return items[0], 0

@@ -1,0 +1,232 @@
+"""Store sessions on etcd: one lease each.
+
+- ``open_session`` grants a lease whose TTL is the session's timeout (whole
+  seconds, at least etcd's minimum); ``keep_alive`` renews it through
+  ``LeaseKeepAlive``, which the leader serves from memory: nothing is written
+  to etcd's log (yet etcd's CPU per keep-alive is most of a small write's:
+  the request's cost, see ``benchmarks/etcd_sessions.py``).
+- ``set`` and ``compare_set`` attach what they write to the lease; a later
+  write through another session re-attaches the key to that one, a plain
+  write or a delete detaches it (etcd's own rules for a put's lease).
+- ``close`` revokes the lease; when it expires etcd revokes it itself. Either
+  way etcd deletes every key still attached, in one revision.
+- Wills are kept in etcd (see :mod:`.wills`) and pushed after that deletion,
+  by ``close`` or by whichever ``EtcdStore`` reads or waits on their queue.
+
+etcd renews a lease only on a keep-alive, not on a write; so that a session
+that writes but never calls ``keep_alive`` stays alive as on other stores, a
+write through it renews the lease first when a third of the TTL has passed
+since the last renewal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from tp_store import SessionExpiredError, StoreConnectionError, StoreError, StoreSession
+from tp_store.base import Data, as_bytes
+from tp_store.errors import StoreLimitError
+from tp_store.protocol import Limits
+
+from .gateway import Json, LeaseNotFoundError
+from .layout import b64
+from .wills import Will, push_own
+
+if TYPE_CHECKING:
+    from .store import EtcdStore
+
+log = logging.getLogger(__name__)
+
+#: gRPC codes of a keep-alive stream's error that mean "not now": no leader yet.
+_TRANSIENT_CODES = frozenset({14, 4, 10})
+_RETRY_PAUSE = 0.05
+
+
+class EtcdSession(StoreSession):
+    """A store session whose presence is the etcd lease ``lease``.
+
+    Made by :meth:`tp_rdzv_etcd.EtcdStore.open_session`; ``store`` is a handle
+    of its own, closed with the session. ``timeout`` is the lease's TTL.
+    """
+
+    def __init__(self, store: EtcdStore, lease: int, ttl: int) -> None:
+        super().__init__(float(ttl))
+        self.lease = lease
+        self._store = store
+        self._lock = threading.Lock()
+        self._wills: list[Will] = []
+        self._numbered = 0  # wills numbered so far (a failed add_will uses up its number)
+        self._max_wills = Limits().max_session_wills
+        self._ended = False
+        self._renewed = time.monotonic()
+
+    @classmethod
+    def grant(cls, store: EtcdStore, timeout: float) -> EtcdSession:
+        """A session on a new lease with a TTL of ``timeout`` (rounded up) at least.
+
+        A grant retried after a lost answer may leave an unused lease behind:
+        it holds no key, and expires after its TTL.
+        """
+        asked = time.monotonic()
+        answer = store._call("/v3/lease/grant", {"TTL": max(1, math.ceil(timeout))})
+        error = answer.get("error")
+        if error:
+            raise StoreError(f"etcd refused a lease of {timeout:g} s: {error}")
+        session = cls(store, int(answer["ID"]), int(answer["TTL"]))
+        session._renewed = asked
+        return session
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else f"timeout={self.timeout:g}"
+        return f"EtcdSession(lease={self.lease:x}, {state}, {self._store!r})"
+
+    @property
+    def ended(self) -> bool:
+        """Whether the lease is known, here, to be gone (closed, or found expired)."""
+        return self._ended
+
+    def set(self, key: Data, value: Data) -> None:
+        """Put ``value`` under ``key``, attached to this session's lease."""
+        etcd_key = self._store._layout.value(as_bytes(key, "key"))
+        body = {"key": b64(etcd_key), "value": b64(as_bytes(value)), "lease": str(self.lease)}
+        self._renew_if_due()
+        try:
+            self._store._call("/v3/kv/put", body)
+        except LeaseNotFoundError as exc:
+            raise self._expired() from exc
+
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """``Store.compare_set``; what it writes is attached to this session's lease.
+
+        A key that holds ``expected`` is written even when ``desired`` is the
+        same value: the session then owns it.
+        """
+        etcd_key = self._store._layout.value(as_bytes(key, "key"))
+        raw_expected, raw_desired = as_bytes(expected, "expected"), as_bytes(desired, "desired")
+        self._renew_if_due()
+        try:
+            return self._store._compare_set(etcd_key, raw_expected, raw_desired, self.lease)
+        except LeaseNotFoundError as exc:
+            raise self._expired() from exc
+
+    def add_will(self, queue: Data, value: Data) -> None:
+        """When the session ends, push ``value`` onto the queue ``queue``.
+
+        The will's record and its lease-attached mark are written in one
+        transaction, so a will exists in etcd only with a live lease.
+        """
+        raw_queue, raw_value = as_bytes(queue, "queue"), as_bytes(value)
+        layout = self._store._layout
+        with self._lock:
+            if len(self._wills) >= self._max_wills:
+                raise StoreLimitError(f"a store session may hold at most {self._max_wills} wills")
+            number = self._numbered
+            self._numbered += 1
+        self._renew_if_due()
+        record = layout.will_record(raw_queue, self.lease, number)
+        puts: list[Json] = [
+            {"request_put": {"key": b64(record), "value": b64(raw_value)}},
+            {
+                "request_put": {
+                    "key": b64(layout.will_mark(record)),
+                    "value": "",
+                    "lease": str(self.lease),
+                }
+            },
+        ]
+        try:
+            self._store._txn([], puts)
+        except LeaseNotFoundError as exc:
+            raise self._expired() from exc
+        with self._lock:
+            self._wills.append(Will(raw_queue, record, raw_value))
+
+    def keep_alive(self) -> None:
+        """Renew the lease (``LeaseKeepAlive``: not written to etcd's log).
+
+        Raises:
+            SessionExpiredError: the lease is gone (expired, or closed).
+            StoreConnectionError: no member renewed it for a TTL's time.
+        """
+        self._check_open()
+        sent = time.monotonic()
+        deadline = sent + min(self.timeout, self._store.timeout.total_seconds())
+        body = {"ID": str(self.lease)}
+        while True:
+            # A keep-alive is a stream: its answer is {"result": ...} or {"error": ...}.
+            answer = self._store._gateway.call("/v3/lease/keepalive", body, deadline)
+            result = answer.get("result")
+            if isinstance(result, dict):
+                if int(result.get("TTL", 0)) <= 0:  # etcd leaves out a TTL of 0
+                    raise self._expired()
+                self._renewed = sent
+                return
+            error = answer.get("error")
+            code = error.get("grpc_code") if isinstance(error, dict) else None
+            if code not in _TRANSIENT_CODES:
+                raise StoreError(f"etcd answered a keep-alive of lease {self.lease:x}: {answer}")
+            if time.monotonic() + _RETRY_PAUSE >= deadline:
+                raise self._unreachable(f"no leader renewed it ({error})")
+            time.sleep(_RETRY_PAUSE)  # an election is under way
+
+    def close(self) -> None:
+        """Revoke the lease (deleting its keys), then push the wills. Idempotent.
+
+        If etcd cannot be reached, the lease expires by itself within its TTL
+        and the readers of the wills' queues push them: that is logged, not raised.
+        """
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        store = self._store
+        try:
+            with contextlib.suppress(LeaseNotFoundError):  # it expired already
+                store._call("/v3/lease/revoke", {"ID": str(self.lease)})
+            push_own(store._call, store._layout, self._wills)
+        except StoreConnectionError as exc:
+            log.warning(
+                "closing the store session of etcd lease %x: %s; it ends when its TTL "
+                "(%g s) runs out",
+                self.lease,
+                exc,
+                self.timeout,
+            )
+        finally:
+            store.close()
+
+    def _renew_if_due(self) -> None:
+        """Keep the lease alive if a third of its TTL passed since the last renewal."""
+        self._check_open()
+        if time.monotonic() - self._renewed > self.timeout / 3:
+            self.keep_alive()
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise self._error("has ended")
+
+    def _expired(self) -> SessionExpiredError:
+        """The lease is gone: the session has ended (its wills are pushed by readers)."""
+        with self._lock:
+            self._ended = True
+        self._store.close()
+        return self._error("expired: its lease is gone (silent for its timeout, or revoked)")
+
+    def _error(self, what: str) -> SessionExpiredError:
+        first = self._store._endpoints[0]
+        return SessionExpiredError(
+            f"the store session of etcd lease {self.lease:x} {what}", first.host, first.port
+        )
+
+    def _unreachable(self, why: str) -> StoreConnectionError:
+        first = self._store._endpoints[0]
+        return StoreConnectionError(
+            f"etcd did not renew the lease {self.lease:x} of a store session: {why}",
+            first.host,
+            first.port,
+        )
