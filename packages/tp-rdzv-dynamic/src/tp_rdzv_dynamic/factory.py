@@ -173,8 +173,11 @@ def create_store(params: RendezvousParameters) -> Store:
 
 #: What opening a store may raise that means "no store here", as PyTorch's c10d
 #: factory wraps them: a store error (a RuntimeError), an OS error (no thread or
-#: socket left, a path it cannot open), a ValueError from the OS (a path with a NUL).
-_STORE_FAILURES = (RuntimeError, OSError, ValueError)
+#: socket left, a path it cannot open). A ValueError from a TCPStore is a bad
+#: option (a TLS or secret file that cannot be read) and stays one, named.
+_STORE_FAILURES = (RuntimeError, OSError)
+#: A file store also meets the OS's ValueError: a path with a NUL byte.
+_FILE_STORE_FAILURES = (*_STORE_FAILURES, ValueError)
 
 
 def _file_store(path: str, read_timeout: float) -> FileStore:
@@ -185,7 +188,7 @@ def _file_store(path: str, read_timeout: float) -> FileStore:
             descriptor, path = tempfile.mkstemp(prefix="tp-rdzv-")
             os.close(descriptor)
         return FileStore(path, timeout=read_timeout)
-    except _STORE_FAILURES as exc:
+    except _FILE_STORE_FAILURES as exc:
         raise RendezvousConnectionError(
             f"cannot open the rendezvous file store {path!r}: {exc}"
         ) from exc
