@@ -78,7 +78,7 @@ from tp_store.protocol import (
     Wait,
     WaitGet,
 )
-from tp_store.tcp_store import TCPStore
+from tp_store.stores.tcp_store import TCPStore
 
 LISTENING = re.compile(r"^listening on (?:\[(?P<v6>[^\]]+)\]|(?P<v4>[^:]+)):(?P<port>\d+)$")
 #: The server's summary of the warnings about bad connections it did not log.

@@ -26,7 +26,7 @@ from interop_support import (
 )
 
 from tp_store import TCPStore
-from tp_store.server import ServerThread, StoreServer
+from tp_store.server.store_server import ServerThread, StoreServer
 
 pytestmark = pytest.mark.interop
 

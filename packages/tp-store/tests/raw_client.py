@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-import tp_store.server as server_module
+import tp_store.server.store_server as server_module
 from tp_store.protocol import Incomplete, Ping, ReplyKind, ReplyParser, Validate
-from tp_store.server import ServerThread, StoreServer
+from tp_store.server.store_server import ServerThread, StoreServer
 
 #: The event loops a server test runs on (uvloop when installed).
 EVENT_LOOPS = ("asyncio", "uvloop")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tp_store.base import Store
-from tp_store.file_store import FileStore
-from tp_store.prefix_store import PrefixStore
+from tp_store.stores.file_store import FileStore
+from tp_store.stores.prefix_store import PrefixStore
 
 StoreOpener = Callable[[], Store]
 

@@ -22,7 +22,7 @@ import pytest
 import store_workers
 
 from tp_store.errors import StoreError, StoreFileError
-from tp_store.file_store import FileStore
+from tp_store.stores.file_store import FileStore
 
 TIMEOUT = 30.0
 

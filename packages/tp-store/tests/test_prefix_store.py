@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from tp_store.hash_store import HashStore
-from tp_store.prefix_store import PrefixStore
+from tp_store.stores.hash_store import HashStore
+from tp_store.stores.prefix_store import PrefixStore
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ from tp_store.protocol import (
     encode_values,
     encode_wait_get,
 )
-from tp_store.state import BarrierWaiter, StoreState, Waiter
+from tp_store.server.state import BarrierWaiter, StoreState, Waiter
 
 U64 = struct.Struct("<Q")
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1

@@ -52,7 +52,7 @@ from tp_store.security import (
     load_secret,
     server_ssl_context,
 )
-from tp_store.server import ServerThread, StoreServer
+from tp_store.server.store_server import ServerThread, StoreServer
 from tp_store.testing.tls import TestPKI
 
 TIMEOUT = 10.0

@@ -41,7 +41,7 @@ from tp_store.protocol import (
     Validate,
     encode_u32,
 )
-from tp_store.server import ServerThread
+from tp_store.server.store_server import ServerThread
 from tp_store.testing.tls import TestPKI
 
 SECRET = b"a secret long enough for the store"
@@ -353,7 +353,7 @@ def test_over_the_memory_budget_the_biggest_holders_are_dropped(
 
 
 def test_memory_budget_below_one_message_is_refused() -> None:
-    from tp_store.server import StoreServer
+    from tp_store.server.store_server import StoreServer
 
     with pytest.raises(ValueError, match="memory_budget must be an int of at least"):
         StoreServer("127.0.0.1", 0, memory_budget=1000)

@@ -30,8 +30,8 @@ from tp_store.protocol import (
     Wait,
     encode_u32,
 )
-from tp_store.server import ServerThread, StoreServer
-from tp_store.state import StoreState
+from tp_store.server.state import StoreState
+from tp_store.server.store_server import ServerThread, StoreServer
 
 TIMEOUT = 10.0
 

@@ -43,8 +43,8 @@ from tp_store.protocol import (
     Wait,
     WaitGet,
 )
-from tp_store.server import ServerThread, StoreServer
-from tp_store.tcp_store import TCPStore
+from tp_store.server.store_server import ServerThread, StoreServer
+from tp_store.stores.tcp_store import TCPStore
 
 #: How long any single step may take before the test fails (generous for loaded CI).
 TIMEOUT = 10.0

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from raw_client import EVENT_LOOPS, Raw, server_thread, wait_until
 
-import tp_store.server as server_module
+import tp_store.server.store_server as server_module
 from tp_store import (
     HashStore,
     PrefixStore,
@@ -44,7 +44,7 @@ from tp_store.protocol import (
     encode_u8,
     encode_u32,
 )
-from tp_store.server import ServerThread, StoreServer
+from tp_store.server.store_server import ServerThread, StoreServer
 
 #: How long any single step may take before the test fails (generous for loaded CI).
 TIMEOUT = 10.0

@@ -35,7 +35,7 @@ from tp_store.protocol import (
     WaitReply,
     advance,
 )
-from tp_store.state import StoreState
+from tp_store.server.state import StoreState
 
 SECRET = b"s" * 32
 

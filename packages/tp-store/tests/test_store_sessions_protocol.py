@@ -37,8 +37,8 @@ from tp_store.protocol import (
     Validate,
     Wait,
 )
-from tp_store.session_table import SessionTable
-from tp_store.state import StoreState
+from tp_store.server.session_table import SessionTable
+from tp_store.server.state import StoreState
 
 #: A session timeout that never fires during a test.
 LONG_MS = 60_000

@@ -43,7 +43,7 @@ from tp_store.protocol import (
     Wait,
 )
 from tp_store.security import SECRET_ENV, SECRET_FILE_ENV, server_ssl_context
-from tp_store.server import ServerThread
+from tp_store.server.store_server import ServerThread
 from tp_store.testing.contract import TIMEOUT, Call, Harness
 from tp_store.testing.session_contract import LONG, StoreSessionContract
 from tp_store.testing.tls import TestPKI

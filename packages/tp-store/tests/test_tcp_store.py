@@ -18,7 +18,7 @@ import pytest
 
 from tp_store import StoreConnectionError, StoreTimeoutError, TCPStore
 from tp_store.demo import run as run_demo
-from tp_store.server import DEFAULT_BACKLOG
+from tp_store.server.store_server import DEFAULT_BACKLOG
 
 
 @pytest.fixture

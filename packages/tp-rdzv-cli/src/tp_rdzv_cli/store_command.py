@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tp_store.__main__ import add_server_arguments, serve, server_from_arguments
-from tp_store.server import StoreServer
+from tp_store.server.store_server import StoreServer
 
 from .errors import CommandError, ExitCode
 from .options import port

@@ -31,7 +31,7 @@ from tp_rdzv_api.parameters import TIMEOUT_KEYS
 from tp_rdzv_api.timeout import RendezvousTimeout
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
 from tp_store import PrefixStore, StoreConnectionError, StoreTimeoutError, TCPStore
-from tp_store.server import format_endpoint
+from tp_store.server.store_server import format_endpoint
 
 __all__ = ["DEFAULT_PORT", "StaticTCPRendezvous", "create_handler", "create_rdzv_handler"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from .protocol import Limits
 from .security import SECRET_ENV, SECRET_FILE_ENV, load_secret, server_ssl_context
-from .server import (
+from .server.store_server import (
     DEFAULT_BACKLOG,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MEMORY_BUDGET,

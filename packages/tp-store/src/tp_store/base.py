@@ -23,7 +23,7 @@ from .semantics import INT64_MAX, check_multi_set, check_sequence, int_argument
 
 if TYPE_CHECKING:
     from .protocol import ServerStats
-    from .session import StoreSession
+    from .sessions.base import StoreSession
 
 #: What callers may pass where PyTorch takes a ``timedelta``.
 Timeout = timedelta | float | int

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from .tcp_store import TCPStore
+from .stores.tcp_store import TCPStore
 
 _EVENTS = "demo/events"
 _BAR_WIDTH = 30

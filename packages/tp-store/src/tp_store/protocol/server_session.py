@@ -1,7 +1,7 @@
 """The server's side of one connection, without I/O.
 
 A :class:`ServerSession` takes the bytes a client sent (:meth:`ServerSession.receive`),
-applies its requests to the shared :class:`~tp_store.state.StoreState`
+applies its requests to the shared :class:`~tp_store.server.state.StoreState`
 (:meth:`ServerSession.serve`) and leaves the replies in
 :attr:`ServerSession.outbox` for the I/O layer to write in one go. The
 session rules live here: VALIDATE first, what may be sent before
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tp_store.errors import ProtocolError, StoreLimitError
-from tp_store.state import BarrierWaiter, StoreState, Waiter
+from tp_store.server.state import BarrierWaiter, StoreState, Waiter
 
 from .auth import ServerAuthenticator
 from .limits import Limits

@@ -16,7 +16,7 @@ The session ends (:class:`EndCause`) on ``SESSION_CLOSE``, when its
 connection closes, or when no byte arrived on the connection for its timeout
 (then the server closes the connection too). The I/O layer keeps the open
 sessions and their silence timers (:class:`SessionHost`, implemented by
-:class:`tp_store.session_table.SessionTable`).
+:class:`tp_store.server.session_table.SessionTable`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Final, Protocol
 from tp_store.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from tp_store.presence import Presence
+    from tp_store.sessions.presence import Presence
 
 #: The shortest session timeout on the wire, in milliseconds.
 MIN_SESSION_TIMEOUT_MS: Final = 1
-#: The longest: 30 days (as :data:`tp_store.session.MAX_SESSION_TIMEOUT_SECONDS`).
+#: The longest: 30 days (as :data:`tp_store.sessions.base.MAX_SESSION_TIMEOUT_SECONDS`).
 MAX_SESSION_TIMEOUT_MS: Final = 30 * 24 * 3600 * 1000
 
 

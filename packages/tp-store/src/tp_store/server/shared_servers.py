@@ -5,8 +5,9 @@ from __future__ import annotations
 import collections
 import threading
 
-from .security import TLSConfig
-from .server import ServerThread, StoreServer
+from tp_store.security import TLSConfig
+
+from .store_server import ServerThread, StoreServer
 
 #: A server's TLS files and secret: masters sharing a port must agree on them.
 Security = tuple[TLSConfig, "bytes | None"]

@@ -14,9 +14,9 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from .base import Data, as_bytes
-from .errors import SessionExpiredError, StoreConnectionError, StoreTimeoutError
-from .protocol import (
+from tp_store.base import Data, as_bytes
+from tp_store.errors import SessionExpiredError, StoreConnectionError, StoreTimeoutError
+from tp_store.protocol import (
     Ping,
     SessionClose,
     SessionCompareSet,
@@ -24,10 +24,11 @@ from .protocol import (
     SessionSet,
     SessionWill,
 )
-from .session import StoreSession
+
+from .base import StoreSession
 
 if TYPE_CHECKING:
-    from .tcp_store import TCPStore
+    from tp_store.stores.tcp_store import TCPStore
 
 _T = TypeVar("_T")
 

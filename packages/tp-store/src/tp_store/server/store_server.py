@@ -2,7 +2,7 @@
 
 Each connection is a :class:`~tp_store.protocol.ServerSession` (the protocol's
 rules, without I/O) applying requests to one shared
-:class:`~tp_store.state.StoreState`; this module feeds it bytes and writes its
+:class:`~tp_store.server.state.StoreState`; this module feeds it bytes and writes its
 replies, once per turn. Anything malformed closes that connection only, with
 a log line. Names are never
 resolved on the accept path, so bursts of connections are not stalled by DNS.
@@ -50,9 +50,8 @@ import weakref
 from collections.abc import Callable
 from typing import TypeVar, cast
 
-from .__about__ import __version__
-from .log_throttle import LogThrottle
-from .protocol import (
+from tp_store.__about__ import __version__
+from tp_store.protocol import (
     CONNECTION_REFUSED,
     STATS_SCHEMA,
     AuthRefused,
@@ -65,6 +64,8 @@ from .protocol import (
     check_secret,
     encode_u32,
 )
+
+from .log_throttle import LogThrottle
 from .session_table import SessionTable
 from .state import StoreState
 

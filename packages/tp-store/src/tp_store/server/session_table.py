@@ -19,9 +19,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from .presence import Presence
-from .protocol.stats import SessionStats
-from .protocol.store_sessions import EndCause, SessionHandle
+from tp_store.protocol.stats import SessionStats
+from tp_store.protocol.store_sessions import EndCause, SessionHandle
+from tp_store.sessions.presence import Presence
+
 from .state import StoreState
 
 log = logging.getLogger("tp_store.server")

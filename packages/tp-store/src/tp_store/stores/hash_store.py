@@ -6,13 +6,13 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
-from .errors import QueueEmptyError
-from .hash_session import HashSession, SessionReaper
-from .presence import Presence, PresenceBook
-from .protocol import Limits
-from .semantics import compare_set_result, counter_after_add, key_text, timeout_error
-from .session import StoreSession, session_timeout_seconds
+from tp_store.base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
+from tp_store.errors import QueueEmptyError
+from tp_store.protocol import Limits
+from tp_store.semantics import compare_set_result, counter_after_add, key_text, timeout_error
+from tp_store.sessions.base import StoreSession, session_timeout_seconds
+from tp_store.sessions.hash_session import HashSession, SessionReaper
+from tp_store.sessions.presence import Presence, PresenceBook
 
 
 class _Queue:

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .base import (
+from tp_store.base import (
     DEFAULT_TIMEOUT,
     Data,
     Store,
@@ -41,7 +41,7 @@ from .base import (
     as_bytes,
     as_keys,
 )
-from .errors import (
+from tp_store.errors import (
     ProtocolError,
     QueueEmptyError,
     StoreAuthenticationError,
@@ -49,7 +49,7 @@ from .errors import (
     StoreError,
     StoreTimeoutError,
 )
-from .protocol import (
+from tp_store.protocol import (
     BYTES_REPLY,
     FLAG_REPLY,
     INCOMPLETE,
@@ -80,14 +80,14 @@ from .protocol import (
     WaitReply,
     decode_stats,
 )
-from .security import PathLike, TLSConfig, load_secret
-from .semantics import INT64_MAX, INT64_MIN, check_multi_set, int_argument, timeout_error
-from .server import ServerThread, StoreServer, format_endpoint
-from .session import StoreSession, session_timeout_seconds
-from .shared_servers import shared_servers, start_server
-from .tcp_session import TCPSession
+from tp_store.security import PathLike, TLSConfig, load_secret
+from tp_store.semantics import INT64_MAX, INT64_MIN, check_multi_set, int_argument, timeout_error
+from tp_store.server.shared_servers import shared_servers, start_server
+from tp_store.server.store_server import ServerThread, StoreServer, format_endpoint
+from tp_store.sessions.base import StoreSession, session_timeout_seconds
+from tp_store.sessions.tcp_session import TCPSession
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tp_store.tcp_store")  # the name users configure, from before stores/
 
 #: The counter PyTorch clients increment when they join a store with a world size.
 INIT_KEY = b"init/"

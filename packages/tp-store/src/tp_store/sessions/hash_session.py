@@ -15,14 +15,15 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .base import Data, as_bytes
-from .errors import SessionExpiredError
+from tp_store.base import Data, as_bytes
+from tp_store.errors import SessionExpiredError
+from tp_store.semantics import compare_set_result
+
+from .base import StoreSession
 from .presence import Presence
-from .semantics import compare_set_result
-from .session import StoreSession
 
 if TYPE_CHECKING:
-    from .hash_store import _SharedData
+    from tp_store.stores.hash_store import _SharedData
 
 
 class HashSession(StoreSession):

@@ -24,7 +24,7 @@ import math
 from types import TracebackType
 from typing import TypeVar
 
-from .base import Data, Timeout, as_timedelta
+from tp_store.base import Data, Timeout, as_timedelta
 
 _SessionT = TypeVar("_SessionT", bound="StoreSession")
 

@@ -1,6 +1,6 @@
 """Who owns which key, and what a store session's end deletes and pushes; no I/O.
 
-The rules of :mod:`tp_store.session` as data, shared by every store that
+The rules of :mod:`tp_store.sessions.base` as data, shared by every store that
 offers sessions (``HashStore`` in-process, the TCPStore server): each session
 is a :class:`Presence`, and one :class:`PresenceBook` per store maps owned
 keys to their owner. The store applies what the book decides to its data,
@@ -9,8 +9,8 @@ under its own lock or event loop.
 
 from __future__ import annotations
 
-from .errors import StoreLimitError
-from .semantics import key_text
+from tp_store.errors import StoreLimitError
+from tp_store.semantics import key_text
 
 #: Bytes a will or an owned key costs besides its own bytes (the
 #: containers' entries), counted in a server's memory budget.

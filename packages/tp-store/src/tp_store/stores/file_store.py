@@ -42,9 +42,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, TypeVar
 
-from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
-from .errors import QueueEmptyError, StoreError, StoreFileError
-from .semantics import (
+from tp_store.base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
+from tp_store.errors import QueueEmptyError, StoreError, StoreFileError
+from tp_store.semantics import (
     INT64_MAX,
     compare_set_result,
     counter_after_add,
@@ -75,7 +75,7 @@ _MAX_BATCH = 0xFFFFFFFF
 _FIRST_POLL_DELAY = 0.001
 _MAX_POLL_DELAY = 0.05
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("tp_store.file_store")  # the name users configure, from before stores/
 
 
 def _field(data: bytes, offset: int, limit: int) -> tuple[bytes, int] | None:

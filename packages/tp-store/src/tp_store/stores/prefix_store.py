@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from .base import Data, Store, Timeout, as_bytes
-from .protocol import ServerStats
-from .semantics import check_sequence, key_text
-from .session import StoreSession
+from tp_store.base import Data, Store, Timeout, as_bytes
+from tp_store.protocol import ServerStats
+from tp_store.semantics import check_sequence, key_text
+from tp_store.sessions.base import StoreSession
 
 
 class PrefixStore(Store):

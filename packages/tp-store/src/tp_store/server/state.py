@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from .errors import StoreLimitError
-from .presence import Presence, PresenceBook
-from .semantics import INT64_MAX, INT64_MIN, compare_set_result, counter_after_add
+from tp_store.errors import StoreLimitError
+from tp_store.semantics import INT64_MAX, INT64_MIN, compare_set_result, counter_after_add
+from tp_store.sessions.presence import Presence, PresenceBook
 
 
 class Waiter:
