@@ -261,16 +261,18 @@ class Steward:
             if not isinstance(message, Gone):
                 events.append(message)
             elif self.board.present_again(message):
-                self._event(
+                self._node_event(
                     logging.INFO,
                     "presence_renewed",
+                    message.node,
                     f"node {message.node} is present through a new session; it stays",
                 )
             else:
                 self._present.discard(message.node.key)
-                self._event(
+                self._node_event(
                     logging.WARNING,
                     "node_gone",
+                    message.node,
                     f"node {message.node} is gone (its presence session ended); removing it",
                 )
                 events.append(Leave(message.node))
@@ -498,6 +500,18 @@ class Steward:
             run_id=self.board.run_id,
             node=self.node,
             round_=self._state.round if round_ is None else round_,
+        )
+
+    def _node_event(self, level: int, action: str, node: _NodeDesc, message: str) -> None:
+        """A record about another ``node`` (named in its ``node`` field)."""
+        log_event(
+            log,
+            level,
+            action,
+            message,
+            run_id=self.board.run_id,
+            node=node,
+            round_=self._state.round,
         )
 
     def _report(self, exc: RendezvousStateError) -> None:
