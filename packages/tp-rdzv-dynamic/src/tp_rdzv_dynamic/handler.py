@@ -312,6 +312,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if not lease.session_held:
                 wait = min(self._tick, wait)
             if self._watcher.await_stale(self._round, wait):
+                # If a dead steward's will woke this wait, the lease is vacant: a
+                # steward taking office now removes the dead node and tells the rest.
+                self._office.watch(time.monotonic())
                 return True
             if time.monotonic() >= deadline:
                 return False
