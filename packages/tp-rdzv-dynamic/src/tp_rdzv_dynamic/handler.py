@@ -107,7 +107,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
         bound = args.settings.liveness_bound.total_seconds()
         self._presence = NodePresence(self._board, args.node, bound)
-        self._heartbeats = Heartbeats(args.settings.run_id, args.node, self._tick, self._beat)
+        # At least two pings per session timeout (keep_alive_max_attempt may be 1).
+        beat_every = min(self._tick, bound / 2)
+        self._heartbeats = Heartbeats(args.settings.run_id, args.node, beat_every, self._beat)
         self._ticks = JoinTicks(self._board, args.node, self._office, self._tick, self._presence)
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
