@@ -260,9 +260,17 @@ class Steward:
         """The events of a batch of mail: a departure the store announced is a leave,
         unless its node is present again through another session."""
         events: list[Event] = []
+        # After the closing (recorded by any node), departures change nothing: the
+        # job is over and its nodes end their sessions as they shut down; a save
+        # for each batch of them would be for nothing.
+        over = any(isinstance(message, Gone) for message, _ in mail) and (
+            self._state.closed or self.board.is_closed()
+        )
         for message, _ in mail:
             if not isinstance(message, Gone):
                 events.append(message)
+            elif over:
+                continue
             elif self.board.present_again(message):
                 self._node_event(
                     logging.INFO,
