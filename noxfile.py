@@ -54,6 +54,7 @@ TP_STORE_INTEROP = [
     "tests/interop/test_pytorch_compat_interop.py",
     "tests/interop/test_secure_store_interop.py",
     "tests/interop/test_server_stats_interop.py",
+    "tests/interop/test_store_sessions_interop.py",
     "tests/interop/test_torch_client_our_server.py",
 ]
 IMPORTS_COMPILED = """\

@@ -49,6 +49,7 @@ except ImportError:  # run from a checkout without installing: use the monorepo'
 from tp_store.errors import StoreError, StoreTimeoutError
 from tp_store.protocol import (
     EXTENSION_OFFER,
+    MAX_SESSION_TIMEOUT_MS,
     Add,
     Append,
     Barrier,
@@ -66,6 +67,11 @@ from tp_store.protocol import (
     QueuePop,
     QueuePush,
     Request,
+    SessionClose,
+    SessionCompareSet,
+    SessionOpen,
+    SessionSet,
+    SessionWill,
     Set,
     Stats,
     Validate,
@@ -319,6 +325,13 @@ class FrameMaker:
             (3, lambda: QueueLen(self.key())),
             (1, ListKeys),
             (2, lambda: Barrier(self.counter(), rng.randint(-1, 4))),
+            # Store sessions (after the extension offer above): valid timeouts are
+            # long, so no session expires while the fuzzer runs.
+            (2, lambda: SessionOpen(self.session_timeout())),
+            (2, lambda: SessionSet(self.key(), self.value())),
+            (1, lambda: SessionCompareSet(self.key(), self.value(), self.value())),
+            (2, lambda: SessionWill(self.key(), self.value())),
+            (1, SessionClose),
             (1, lambda: Validate(rng.choice([0x3C85F7CE, rng.getrandbits(32)]))),
         ]
         self._weights = [weight for weight, _ in self.makers]
@@ -357,6 +370,13 @@ class FrameMaker:
         if roll < 0.98:
             return rng.randbytes(rng.randint(0, 48))
         return rng.randbytes(rng.randint(1000, 16 * 1024))
+
+    def session_timeout(self) -> int:
+        """SESSION_OPEN's timeout in ms: an hour or more, or out of range."""
+        rng = self.rng
+        if rng.random() < 0.2:
+            return rng.choice([0, -1, -(2**63), MAX_SESSION_TIMEOUT_MS + 1, 2**63 - 1])
+        return rng.randint(3_600_000, MAX_SESSION_TIMEOUT_MS)
 
     def delta(self) -> int:
         rng = self.rng
@@ -556,6 +576,7 @@ class WellBehaved:
                 store.queue_push(f"{p}/q", value)
                 self.check("queue_pop", store.queue_pop(f"{p}/q", block=False), value)
                 if i % 25 == 0:
+                    self._session_round(store.untimed, i)
                     stats = store.server_stats()
                     self.check("stats count this client", stats["connections_open"] >= 1, True)
                     try:
@@ -572,6 +593,16 @@ class WellBehaved:
                 i += 1
         finally:
             store.close()
+
+    def _session_round(self, store: TCPStore, i: int) -> None:
+        """A store session's key, deleted when it closes; its will, pushed then."""
+        p = self.prefix
+        with store.open_session(STEP_TIMEOUT) as session:
+            session.set(f"{p}/present{i}", b"here")
+            session.add_will(f"{p}/departures", b"gone%d" % i)
+            self.check("session key", store.get(f"{p}/present{i}"), b"here")
+        self.check("session key after close", store.check([f"{p}/present{i}"]), False)
+        self.check("will", store.queue_pop(f"{p}/departures", block=False), b"gone%d" % i)
 
     def _cross(self) -> None:
         """Blocking gets of keys the main client sets: the server's wake path under fuzz."""

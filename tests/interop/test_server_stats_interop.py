@@ -1,7 +1,8 @@
-"""``server_stats()`` of our client against PyTorch's servers: a clear error, no bytes sent.
+"""Our client's extensions against PyTorch's servers: clear errors, no bytes sent.
 
 A PyTorch server does not accept the protocol extensions, so our client never
-sends it the STATS request (an opcode it would drop the connection for).
+sends it a STATS or SESSION_OPEN request (opcodes it would drop the
+connection for): ``server_stats()`` and ``open_session()`` refuse at once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ CONNECT_TIMEOUT = 20.0
 
 
 @pytest.mark.parametrize("use_libuv", [True, False], ids=["libuv", "legacy"])
-def test_server_stats_of_a_torch_server_is_a_clear_error(
+def test_the_extensions_of_a_torch_server_are_clear_errors(
     workers: WorkerPool, use_libuv: bool
 ) -> None:
     (worker,) = workers.get(1)
@@ -40,8 +41,17 @@ def test_server_stats_of_a_torch_server_is_a_clear_error(
             store.server_stats()
         with pytest.raises(UnsupportedOperationError, match=message):
             PrefixStore("job", store).server_stats()
-        # Nothing was sent: the connection still works.
+        message = (
+            f"the server at 127.0.0.1:{master.port} does not offer store sessions "
+            r"\(not a tp-store server\)"
+        )
+        with pytest.raises(UnsupportedOperationError, match=message):
+            store.open_session(5)
+        with pytest.raises(UnsupportedOperationError, match=message):
+            PrefixStore("job", store).open_session(5)
+        # Nothing was sent: the connection still works, for torch's client too.
         store.set("after", "1")
         assert store.get("after") == b"1"
+        assert master.get("after") == b"1"
     finally:
         store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import socket
@@ -152,6 +153,20 @@ def test_status_table_for_people(tp_rdzv, store):
         assert name in result.stdout
 
 
+def test_status_table_of_a_closed_run_shows_no_live_node(tp_rdzv, store):
+    run_id = unique_run_id()
+    nodes = [join(tp_rdzv, store, run_id, "--min", "2", "--max", "2") for _ in range(2)]
+    for node in nodes:
+        next_round(node)
+    closing = run_tp_rdzv("close", "--endpoint", store, "--run-id", run_id)
+    assert closing.returncode == 0, closing.stderr
+    result = run_tp_rdzv("status", "--endpoint", store, "--run-id", run_id)
+    assert result.returncode == 0, result.stderr
+    assert "closed" in result.stdout
+    assert "s ago" not in result.stdout  # no heartbeat age, as if its nodes were alive
+    assert result.stdout.count("not live (closed)") == 2
+
+
 @pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGINT] * 3])
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
 def test_status_watch_refreshes_until_interrupted(tp_rdzv, store, signals, sigint_ignored):
@@ -191,6 +206,9 @@ def test_status_of_the_store_server_counts_operations(tp_rdzv, store):
     table = run_tp_rdzv("status", "--endpoint", store, "--store")
     assert table.returncode == 0, table.stderr
     assert "connections_open" in table.stdout
+    (uptime,) = (line for line in table.stdout.splitlines() if "uptime" in line)
+    # To the millisecond, not a float's 17 digits.
+    assert re.search(r"\b\d+\.\d{3}\b", uptime), uptime
 
 
 def test_store_serves_prometheus_metrics(tp_rdzv):

@@ -66,6 +66,23 @@ def test_counters_of_a_server_in_this_process(master: TCPStore) -> None:
     assert samples[("tp_store_uptime_seconds", ())] > 0
 
 
+def test_store_session_counters(master: TCPStore) -> None:
+    assert master.server is not None
+    exporter = serve_metrics(0, "127.0.0.1", master.server.stats)
+    try:
+        master.open_session(60).close()
+        held = master.open_session(60)
+        samples = scrape(exporter)
+        held.close()
+    finally:
+        exporter.stop()
+    assert samples[("tp_store_sessions_open", ())] == 1
+    assert samples[("tp_store_sessions_opened_total", ())] == 2
+    assert samples[("tp_store_sessions_ended_total", (("cause", "closed"),))] == 1
+    assert samples[("tp_store_sessions_ended_total", (("cause", "disconnected"),))] == 0
+    assert samples[("tp_store_sessions_ended_total", (("cause", "expired"),))] == 0
+
+
 def test_counters_read_over_the_wire_at_each_scrape(master: TCPStore) -> None:
     client = TCPStore("127.0.0.1", master.port, timeout=TIMEOUT)
     exporter = serve_metrics(0, "127.0.0.1", client.server_stats)

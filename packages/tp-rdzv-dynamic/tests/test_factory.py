@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -236,3 +238,42 @@ def test_the_torchrun_plugin_names_a_bad_key(free_port):
     (entry,) = entry_points(group="torchrun.handlers", name="tp")
     with pytest.raises(ValueError, match="keep_alive_max_attempt"):
         entry.load()()(torchrun_params(f"127.0.0.1:{free_port}", keep_alive_max_attempt="0"))
+
+
+def test_a_file_store_path_the_os_refuses_is_a_connection_error():
+    # The OS refuses a path with a NUL byte with ValueError, not OSError.
+    with pytest.raises(RendezvousConnectionError, match="cannot open the rendezvous file store"):
+        create_store(params("core", "/tmp/tp-rdzv\x00job", store_type="file"))
+
+
+# A process that may start no thread: hosting the store needs its server thread,
+# and threading raises a plain RuntimeError ("can't start new thread").
+NO_THREADS_LEFT = """
+import os, resource, sys
+from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters
+from tp_rdzv_dynamic.factory import create_store
+
+if os.getuid() == 0:  # root ignores RLIMIT_NPROC: run as nobody
+    os.setgid(65534)
+    os.setuid(65534)
+resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+params = RendezvousParameters(
+    "core", "127.0.0.1:" + sys.argv[1], "job", 1, 1, config={"is_host": True}
+)
+try:
+    create_store(params)
+except RendezvousConnectionError as exc:
+    print("connection error:", exc)
+"""
+
+
+def test_a_runtime_error_from_the_store_constructor_is_a_connection_error(free_port):
+    done = subprocess.run(
+        [sys.executable, "-c", NO_THREADS_LEFT, str(free_port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("connection error: cannot host the rendezvous store"), done.stdout

@@ -65,6 +65,13 @@ class InMemoryBackend(RendezvousBackend):
             self._token = 0 if self._token is None else self._token + 1
 
 
+class StatelessBackend(InMemoryBackend):
+    """A backend that keeps nothing: ``set_state`` answers ``None`` and stores nothing."""
+
+    def set_state(self, state: bytes, token: Token | None = None) -> None:  # type: ignore[override]
+        return None
+
+
 @pytest.fixture
 def server() -> Iterator[TCPStore]:
     master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
@@ -98,6 +105,16 @@ def test_backend_whose_set_state_answers_none_completes_rounds(server: TCPStore,
     finally:
         for handler in handlers:
             handler.shutdown()
+
+
+def test_backend_that_stores_nothing_still_completes_a_round(server: TCPStore) -> None:
+    # PyTorch's nodes go on with their local state: rank 0 of 1 at once. Ours timed out.
+    handler = _node(server, StatelessBackend(), 1)
+    try:
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+    finally:
+        handler.shutdown()
 
 
 # -- status writes nothing ----------------------------------------------------------------

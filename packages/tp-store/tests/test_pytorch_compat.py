@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from tp_store import (
     TCPStore,
     UnsupportedOperationError,
 )
+from tp_store.base import as_bytes
 from tp_store.protocol import EXTENSION_OFFER, encode_u32
 
 
@@ -56,6 +58,26 @@ class ExtendedDictStore(DictStore):
     def multi_set(self, keys: object, values: object) -> None:
         for key, value in zip(keys, values, strict=True):  # type: ignore[call-overload]
             self.set(key, value)
+
+
+class CompareSetDictStore(DictStore):
+    """A partial store with set, get and compare_set only, as PyTorch's rule has it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:
+        expected, desired = as_bytes(expected), as_bytes(desired)
+        with self.lock:
+            current = self.data.get(key)
+            if current is None:
+                if expected:
+                    return expected
+            elif current != expected:
+                return current
+            self.data[key] = desired
+            return desired
 
 
 @pytest.fixture
@@ -335,3 +357,39 @@ def test_master_waiting_for_workers_times_out_saying_so() -> None:
 def test_file_store_path_is_the_file(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "shared")
     assert store.path == str(tmp_path / "shared") == store.file_name
+
+
+# -- append from compare_set, as PyTorch builds it -----------------------------------------
+
+
+def test_append_falls_back_to_compare_set() -> None:
+    store = CompareSetDictStore()
+    store.append("k", "ab")
+    store.append("k", b"cd")
+    assert store.data["k"] == b"abcd"
+
+
+def test_append_to_a_key_holding_exactly_the_value_appends() -> None:
+    # PyTorch's loop starts with compare_set(key, "", value) and takes the answer
+    # "value" as done: an append to a key that already holds it is lost there.
+    store = CompareSetDictStore()
+    store.set("k", "ab")
+    store.append("k", "ab")
+    assert store.data["k"] == b"abab"
+
+
+def test_append_to_an_empty_value() -> None:
+    store = CompareSetDictStore()
+    store.set("k", "")
+    store.append("k", "x")
+    assert store.data["k"] == b"x"
+
+
+def test_concurrent_appends_through_the_fallback_all_land() -> None:
+    store = CompareSetDictStore()
+    values = [f"<{n}>".encode() for n in range(200)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda value: store.append("k", value), values))
+    held = store.data["k"]
+    assert len(held) == sum(map(len, values))
+    assert all(value in held for value in values)

@@ -5,12 +5,15 @@ calls ``read_stats`` at every scrape, so nothing is sampled in between: pass
 ``StoreServer.stats`` for a server in this process, or ``TCPStore.server_stats``
 for one across the network. The metrics, all prefixed ``tp_store_``:
 
-- gauges ``connections_open``, ``waiters_parked``, ``keys``, ``uptime_seconds``;
+- gauges ``connections_open``, ``waiters_parked``, ``keys``, ``uptime_seconds``,
+  ``sessions_open``;
 - counters ``connections_accepted_total``, ``connections_protocol_errors_total``,
   ``connections_refused_total``, ``connections_timed_out_total``,
   ``connections_auth_failures_total``, ``received_bytes_total``,
-  ``sent_bytes_total``, and ``operations_total`` with the label ``op`` (the
-  lower-case request name: ``set``, ``wait_get``...);
+  ``sent_bytes_total``, ``sessions_opened_total``, ``operations_total`` with
+  the label ``op`` (the lower-case request name: ``set``, ``wait_get``...)
+  and ``sessions_ended_total`` with the label ``cause`` (``closed``,
+  ``disconnected``, ``expired``);
 - the gauge ``up``: 1 when the counters could be read, else 0 (and nothing else).
 
 It needs ``prometheus-client``, the optional extra ``tp-rdzv-cli[metrics]``.
@@ -45,6 +48,7 @@ _GAUGES = (
     ("waiters_parked", "waiters_parked", "Clients parked now in WAIT, WAIT_GET or BARRIER."),
     ("keys", "keys", "Keys stored now."),
     ("uptime_seconds", "uptime_seconds", "Seconds since the store server started listening."),
+    ("sessions_open", "sessions_open", "Store sessions open now."),
 )
 #: Counters, likewise (the client library appends ``_total`` to the name).
 _COUNTERS = (
@@ -71,7 +75,10 @@ _COUNTERS = (
     ),
     ("bytes_received", "received_bytes", "Bytes received from clients."),
     ("bytes_sent", "sent_bytes", "Bytes of replies sent to clients."),
+    ("sessions_opened", "sessions_opened", "Store sessions opened."),
 )
+#: Why store sessions end: the label of ``sessions_ended_total`` (field ``sessions_ended_<cause>``).
+_SESSION_END_CAUSES = ("closed", "disconnected", "expired")
 
 
 class _StoreCollector:
@@ -107,6 +114,13 @@ class _StoreCollector:
         for op, count in sorted(stats.get("ops", {}).items()):
             operations.add_metric([op], count)
         yield operations
+        if "sessions_opened" in stats:
+            ended = CounterMetricFamily(
+                PREFIX + "sessions_ended", "Store sessions ended, by cause.", labels=["cause"]
+            )
+            for cause in _SESSION_END_CAUSES:
+                ended.add_metric([cause], stats.get(f"sessions_ended_{cause}", 0))
+            yield ended
 
 
 class MetricsServer:

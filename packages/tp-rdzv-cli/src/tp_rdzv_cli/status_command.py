@@ -168,7 +168,10 @@ def _store_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
 # -- rendering ---------------------------------------------------------------------
 
 
-def _liveness(node: dict[str, Any]) -> str:
+def _liveness(node: dict[str, Any], closed: bool) -> str:
+    if closed:
+        # Nobody beats for a closed run: the steward's last report only ages.
+        return "not live (closed)"
     if node.get("present"):
         return "present"
     age = node["heartbeat_age"]
@@ -197,14 +200,18 @@ def _rendezvous_view(document: dict[str, Any]) -> RenderableType:
         ("  steward ", "dim"),
         f"{steward} (epoch {document['steward_epoch']})",
     )
-    parts: list[RenderableType] = [header, _node_table("participants", document["participants"])]
+    closed = bool(document["closed"])
+    parts: list[RenderableType] = [
+        header,
+        _node_table("participants", document["participants"], closed),
+    ]
     for name in ("wait_list", "redundancy_list"):
         if document[name]:
-            parts.append(_node_table(name.replace("_", " "), document[name]))
+            parts.append(_node_table(name.replace("_", " "), document[name], closed))
     return Group(*parts)
 
 
-def _node_table(title: str, nodes: list[dict[str, Any]]) -> Table:
+def _node_table(title: str, nodes: list[dict[str, Any]], closed: bool) -> Table:
     table = Table(title=f"{title} ({len(nodes)})", title_justify="left")
     table.add_column("rank", justify="right")
     table.add_column("node")
@@ -212,7 +219,9 @@ def _node_table(title: str, nodes: list[dict[str, Any]]) -> Table:
     for node in nodes:
         rank = node["rank"]
         # Text, not markup: a node may be named "[/]x".
-        table.add_row("-" if rank is None else str(rank), Text(node["node"]), _liveness(node))
+        table.add_row(
+            "-" if rank is None else str(rank), Text(node["node"]), _liveness(node, closed)
+        )
     return table
 
 
@@ -222,7 +231,9 @@ def _store_table(document: dict[str, Any]) -> RenderableType:
     table.add_column("value", justify="right")
     for name, value in document.items():
         if name != "ops":
-            table.add_row(Text(name), Text(str(value)))
+            # Durations (uptime) to the millisecond, not a float's 17 digits.
+            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+            table.add_row(Text(name), Text(shown))
     busy = {op: count for op, count in document.get("ops", {}).items() if count}
     for op, count in sorted(busy.items(), key=lambda item: -item[1]):
         table.add_row(Text(f"ops.{op}"), Text(str(count)))

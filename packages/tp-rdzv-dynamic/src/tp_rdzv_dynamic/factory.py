@@ -46,7 +46,7 @@ from tp_rdzv_api.config_keys import (
 )
 from tp_rdzv_api.parameters import TIMEOUT_KEYS
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
-from tp_store import FileStore, Store, StoreError, TCPStore
+from tp_store import FileStore, Store, TCPStore
 
 from .backends._store_backend import check_run_id
 from .backends.backend import RendezvousBackend
@@ -171,6 +171,12 @@ def create_store(params: RendezvousParameters) -> Store:
     return _tcp_store(params, read_timeout, security)
 
 
+#: What opening a store may raise that means "no store here", as PyTorch's c10d
+#: factory wraps them: a store error (a RuntimeError), an OS error (no thread or
+#: socket left, a path it cannot open), a ValueError from the OS (a path with a NUL).
+_STORE_FAILURES = (RuntimeError, OSError, ValueError)
+
+
 def _file_store(path: str, read_timeout: float) -> FileStore:
     """The FileStore at ``path``; with no path, in a new temporary file (as PyTorch)."""
     try:
@@ -179,7 +185,7 @@ def _file_store(path: str, read_timeout: float) -> FileStore:
             descriptor, path = tempfile.mkstemp(prefix="tp-rdzv-")
             os.close(descriptor)
         return FileStore(path, timeout=read_timeout)
-    except (OSError, StoreError) as exc:
+    except _STORE_FAILURES as exc:
         raise RendezvousConnectionError(
             f"cannot open the rendezvous file store {path!r}: {exc}"
         ) from exc
@@ -196,7 +202,7 @@ def _tcp_store(
         try:
             # multi_tenant: several nodes of one process share the server.
             return _open_tcp_store(host, port, read_timeout, security, master=True)
-        except StoreError as exc:
+        except _STORE_FAILURES as exc:
             if asked:
                 raise RendezvousConnectionError(
                     f"cannot host the rendezvous store at {endpoint}: {exc}"
@@ -204,7 +210,7 @@ def _tcp_store(
             # Guessed from the address: another process of this machine hosts it.
     try:
         return _open_tcp_store(host, port, read_timeout, security, master=False)
-    except StoreError as exc:
+    except _STORE_FAILURES as exc:
         raise RendezvousConnectionError(
             f"cannot reach the rendezvous store at {endpoint}: {exc}"
         ) from exc

@@ -69,6 +69,18 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes of one request or reply at most (default %(default)s)",
     )
     limits.add_argument(
+        "--max-session-keys",
+        type=int,
+        default=defaults.max_session_keys,
+        help="keys one store session may own at most (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-session-wills",
+        type=int,
+        default=defaults.max_session_wills,
+        help="wills one store session may hold at most (default %(default)s)",
+    )
+    limits.add_argument(
         "--max-connections",
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
@@ -129,6 +141,8 @@ def server_from_arguments(args: argparse.Namespace) -> StoreServer:
         args.max_keys_per_request,
         args.max_keys,
         args.max_message_bytes,
+        args.max_session_keys,
+        args.max_session_wills,
     )
     if args.tls_cert is None and (args.tls_key is not None or args.tls_client_ca is not None):
         raise ValueError("--tls-key and --tls-client-ca need --tls-cert")

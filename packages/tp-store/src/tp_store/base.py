@@ -12,6 +12,7 @@ lacks raise :class:`UnsupportedOperationError` when called.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -160,8 +161,28 @@ class Store:
         self._unsupported("num_keys")
 
     def append(self, key: Data, value: Data) -> None:
-        """Append ``value`` to the value of ``key``, creating it if missing."""
-        self._unsupported("append")
+        """Append ``value`` to the value of ``key``, creating it if missing.
+
+        A store that does not implement it gets PyTorch's fallback, a
+        ``compare_set`` loop, so it needs only ``compare_set``. As in PyTorch,
+        two appends racing to add the same bytes to the same value can count
+        once: ``compare_set`` answers the winner's value to both.
+        """
+        if type(self).compare_set is Store.compare_set:
+            self._unsupported("append")
+        value = as_bytes(value)
+        # A read that neither waits nor writes: a missing key answers the nonce.
+        nonce = os.urandom(16)
+        held = self.compare_set(key, nonce, nonce)
+        current = b"" if held == nonce else held
+        while True:
+            desired = current + value
+            held = self.compare_set(key, current, desired)
+            if held == desired:
+                return
+            # Another writer was first: go on from what it left (from empty if
+            # it deleted the key: a missing key answers what was expected).
+            current = b"" if held == current else held
 
     def list_keys(self) -> list[str]:
         """The user keys held, as ``str``."""

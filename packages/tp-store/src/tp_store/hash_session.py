@@ -95,6 +95,7 @@ class HashSession(StoreSession):
         if not self._presence.ended:
             self._end_cause = cause
             self._data.end(self._presence)
+            self._data.reaper.ended()
 
     def _use(self) -> None:
         """Count a use of the session (the store's lock held), unless it is over."""
@@ -122,22 +123,30 @@ class SessionReaper:
         self._due = threading.Condition(lock)
         self._heap: list[tuple[float, int, HashSession]] = []
         self._order = itertools.count()  # ties in the heap never compare sessions
+        self._open = 0  # sessions not ended: the thread stops when none is left
         self._running = False
 
     def watch(self, session: HashSession) -> None:
         """Time ``session`` out (the lock held)."""
         earliest = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (session.deadline, next(self._order), session))
+        self._open += 1
         if not self._running:
             self._running = True
             threading.Thread(target=self._run, name="tp-store-session-reaper", daemon=True).start()
         elif earliest is None or session.deadline < earliest:
             self._due.notify()
 
+    def ended(self) -> None:
+        """A session ended (the lock held): with none left, the thread stops now."""
+        self._open -= 1
+        if not self._open:
+            self._due.notify()
+
     def _run(self) -> None:
         with self._due:
             heap = self._heap
-            while heap:
+            while heap and self._open:
                 deadline, _, session = heap[0]
                 if session.ended:
                     heapq.heappop(heap)
@@ -151,4 +160,5 @@ class SessionReaper:
                     continue
                 heapq.heappop(heap)
                 session.end_locked(f"silent for more than its timeout of {session.timeout:g} s")
+            heap.clear()  # only ended sessions are left in it
             self._running = False

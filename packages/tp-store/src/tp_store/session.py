@@ -51,6 +51,10 @@ class StoreSession(abc.ABC):
     One thread at a time uses a session (as one store handle); ``close`` may
     be called from any thread. After the session ended, every method but
     ``close`` raises :class:`~tp_store.errors.SessionExpiredError`.
+
+    As ``Store.set`` on a network store, ``set`` and ``add_will`` may return
+    before the store applied them; ``compare_set``, ``keep_alive`` and
+    ``close`` return once it applied everything sent before them.
     """
 
     def __init__(self, timeout: float) -> None:

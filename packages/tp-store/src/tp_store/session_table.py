@@ -5,6 +5,10 @@ connection only stores ``time.monotonic()`` in the record (the connection
 does, on every receive); the timer, when it fires, re-arms itself for what is
 left of the timeout since that time, or ends the session when nothing is.
 So a session costs one timer per timeout period, not one per frame.
+
+A session found overdue gets one more look a millisecond later, after the
+loop has polled its sockets: uvloop runs due timers before reading, so after
+a stall of the whole server a client's frames may be waiting unread.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from .state import StoreState
 
 log = logging.getLogger("tp_store.server")
 
+#: Seconds between finding a session overdue and ending it (see the module docstring).
+_LAST_LOOK = 0.001
+
 
 class SessionRecord:
     """An open store session on a server."""
 
-    __slots__ = ("expired", "id", "last_frame", "presence", "timeout", "timer")
+    __slots__ = ("expired", "id", "last_frame", "overdue", "presence", "timeout", "timer")
 
     def __init__(self, session_id: int, timeout: float, expired: Callable[[str], None]) -> None:
         self.id = session_id
@@ -36,6 +43,8 @@ class SessionRecord:
         #: Closes its connection once the session ended for silence.
         self.expired = expired
         self.timer: asyncio.TimerHandle | None = None
+        #: Found silent past its timeout once: ended if still so at the next look.
+        self.overdue = False
 
 
 class SessionTable:
@@ -83,8 +92,10 @@ class SessionTable:
         if record.presence.ended:
             return
         left = record.last_frame + record.timeout - time.monotonic()
-        if left > 0:
-            record.timer = asyncio.get_running_loop().call_later(left, self._check, record)
+        if left > 0 or not record.overdue:
+            record.overdue = left <= 0
+            delay = left if left > 0 else _LAST_LOOK
+            record.timer = asyncio.get_running_loop().call_later(delay, self._check, record)
             return
         self.end(record, EndCause.EXPIRED)
         record.expired(

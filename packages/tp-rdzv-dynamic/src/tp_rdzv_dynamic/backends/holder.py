@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from tp_rdzv_dynamic.documents.codecs import decode_state, encode_state
 from tp_rdzv_dynamic.model.state import RendezvousState
 
 from ._store_backend import StoreKeyBackend
 from .backend import RendezvousBackend, Token
+
+log = logging.getLogger(__name__)
 
 
 class _RendezvousStateHolder:
@@ -20,6 +24,7 @@ class _RendezvousStateHolder:
     def __init__(self, backend: RendezvousBackend, run_id: str) -> None:
         self.backend = backend
         self.run_id = run_id
+        self._warned_unstored = False
         # Error messages name the key when the backend tells it.
         key = getattr(backend, "key", None)
         self.where = (
@@ -69,8 +74,22 @@ class _RendezvousStateHolder:
             # The backend cannot tell what is stored (PyTorch's type allows it, and
             # PyTorch's own test backend answers None even for a write that landed):
             # read it back; the write won if our state is what is there now.
-            stored, new_token = self.load()
-            return stored, new_token, stored == state
+            found = self.backend.get_state()
+            if found is None:
+                # Nothing stored at all: a backend that keeps nothing. As PyTorch's
+                # nodes go on with their local state then, the steward goes on with
+                # the state it decided (a steward taking over starts afresh).
+                if not self._warned_unstored:
+                    self._warned_unstored = True
+                    log.warning(
+                        "rendezvous %r: %s answered None to set_state and stores nothing; "
+                        "the steward keeps the state in memory only",
+                        self.run_id,
+                        self.where,
+                    )
+                return state, token, True
+            stored = decode_state(found[0], self.where)
+            return stored, found[1], stored == state
         stored_raw, new_token, won = result
         if won:
             return state, new_token, True

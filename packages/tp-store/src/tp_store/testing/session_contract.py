@@ -126,7 +126,9 @@ class StoreSessionContract:
         store, observer = harness.store, harness.handle()
         first, second = store.open_session(LONG), observer.open_session(LONG)
         first.set("lease", "first")
+        first.keep_alive()  # a round trip: the write is done (a TCPStore's set is not answered)
         second.set("lease", "second")
+        second.keep_alive()
         first.close()
         assert observer.get("lease") == b"second"
         second.close()
@@ -138,6 +140,7 @@ class StoreSessionContract:
             session.set("plain/set", "owned")
             session.set("plain/add", "1")
             session.set("deleted", "owned")
+            session.keep_alive()  # the writes are done before the plain ones
             observer.set("plain/set", "ordinary")
             observer.add("plain/add", 1)
             observer.delete_key("deleted")
