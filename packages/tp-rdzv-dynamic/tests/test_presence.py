@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,26 @@ def test_departures_after_the_closing_leave_the_state_alone(make_node):
     board.wake()
     wait_until(lambda: board.store.queue_len(board.keys.mailbox) == 0)
     assert steward._holder.observe() == saved
+
+
+def test_a_member_whose_departure_was_lost_is_judged_within_an_interval(make_node, server, caplog):
+    """A steward that drained a departure and died took it along. Its successor
+    finds that member without a presence key: dead once its counter has not
+    moved for one interval, not for the whole liveness bound (a minute here)."""
+    caplog.set_level(logging.INFO)
+    handlers = [make_node(2, 3, interval=0.5, attempts=120) for _ in range(3)]
+    rendezvous_all(handlers)
+    steward = steward_of(handlers)
+    victim, successor = [h for h in handlers if h is not steward]
+    steward._office.stop()
+    victim._presence.close()
+    # The departure, taken as the dead steward would have taken it.
+    while server.queue_len(KEYS.mailbox):
+        server.queue_pop(KEYS.mailbox)
+    successor._office.watch(time.monotonic())
+    wait_until(
+        lambda: str(victim.node) not in {n.node for n in successor.status().participants},
+        seconds=30,
+    )
+    assert [r.node for r in records(caplog, "node_dead")] == [str(victim.node)]  # type: ignore[attr-defined]
+    assert not records(caplog, "node_gone")

@@ -298,16 +298,24 @@ class Steward:
     def _watch_presence(self, nodes: list[_NodeDesc]) -> None:
         """Watch those of ``nodes`` that have a presence key through their sessions.
 
-        One round trip when all have one (as on a store with sessions); a node
-        without one (a client without sessions, or a join a dead node posted
-        before its departure was decided) has its heartbeat counter sampled.
+        One round trip when all have one (as on a store with sessions). A node
+        without one has its heartbeat counter sampled, and is dead if it does
+        not move within an interval: on a store with sessions that is a node
+        whose session ended and whose departure this steward never got (a
+        predecessor drained it and died, or put back a join it posted before
+        dying); a client without sessions beats every interval.
         """
         if not nodes or not self._tenure.session_held:
             return
         if self.board.all_present(nodes):
             self._present.update(node.key for node in nodes)
-        else:
-            self._present.update(node.key for node in nodes if self.board.all_present([node]))
+            return
+        now = time.monotonic()
+        for node in nodes:
+            if self.board.all_present([node]):
+                self._present.add(node.key)
+            elif not self._liveness.tracks(node.key):
+                self._liveness.suspect(node.key, now, self._tick)
 
     def _refresh_sampling(self) -> None:
         """After the membership changed: whether some member's counter must be sampled."""
