@@ -210,7 +210,7 @@ class Steward:
     def _step(self) -> None:
         now = time.monotonic()
         wake_at = self._next_beat
-        if self._state != self._saved:
+        if self._unsaved:
             wake_at = min(wake_at, self._next_flush)
         if self._sampling:
             wake_at = min(wake_at, self._next_scan)
@@ -240,7 +240,7 @@ class Steward:
             dead = self._find_dead(now)
             events.extend(dead)
             self._next_scan = now + self._scan_every
-        flush = self._state != self._saved and now >= self._next_flush
+        flush = bool(self._unsaved) and now >= self._next_flush
         if flush:
             self._next_flush = now + self._tick
         expired = self._last_call_at is not None and now >= self._last_call_at
