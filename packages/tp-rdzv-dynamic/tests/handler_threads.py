@@ -27,10 +27,11 @@ def make_handler(  # noqa: PLR0917 - a test helper, read at each call site
     interval: float = 0.5,
     backend: type = TpRendezvousBackend,
     local_addr: str = "127.0.0.1",
+    attempts: int = 2,
 ) -> DynamicRendezvousHandler:
     """A handler of :data:`RUN` on its own connection to the server at ``port``.
 
-    A silent node is dead after two ``interval`` s.
+    A silent node is dead after ``attempts`` (two) ``interval`` s.
     """
     store = TCPStore("127.0.0.1", port, timeout=10)
     return DynamicRendezvousHandler.from_backend(
@@ -42,7 +43,7 @@ def make_handler(  # noqa: PLR0917 - a test helper, read at each call site
         local_addr=local_addr,
         timeout=RendezvousTimeout(join=join, last_call=last_call),
         keep_alive_interval=interval,
-        keep_alive_max_attempt=2,
+        keep_alive_max_attempt=attempts,
     )
 
 

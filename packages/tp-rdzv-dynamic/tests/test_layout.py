@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from tp_rdzv_dynamic import P10dRendezvousBackend, TpRendezvousBackend
-from tp_rdzv_dynamic.layout import RunLayout
+from tp_rdzv_dynamic.documents.layout import RunLayout
 from tp_store import TCPStore
 
 NOTE = Path(__file__).resolve().parents[3] / "docs" / "design" / "dynamic-rendezvous.md"
@@ -60,9 +60,10 @@ def test_the_design_note_lists_every_key_and_no_other():
         keys.liveness,
         keys.outcome(0).replace("/0", "/<round>"),
         keys.heartbeat("<node>"),
+        keys.presence("<node>"),
         keys.stale(0).replace("/0", "/<round>"),
         keys.receipt("rcpt/<id>"),
     }
     table = re.findall(r"^\| `([^`]+)` \|", NOTE.read_text(), re.MULTILINE)
-    documented = {"tp_rdzv/R/" + key for key in table if not key.endswith(".py")}
+    documented = {"tp_rdzv/R/" + key for key in table if not key.endswith((".py", "/"))}
     assert documented == built

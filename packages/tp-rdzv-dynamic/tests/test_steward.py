@@ -17,14 +17,15 @@ from datetime import timedelta
 import pytest
 
 from tp_rdzv_dynamic import TpRendezvousBackend
-from tp_rdzv_dynamic.board import RendezvousBoard
-from tp_rdzv_dynamic.decisions import Join, Leave, Message
-from tp_rdzv_dynamic.documents import Lease, decode_outcome
-from tp_rdzv_dynamic.holder import _RendezvousStateHolder
-from tp_rdzv_dynamic.node import _NodeDesc
-from tp_rdzv_dynamic.office import StewardOffice, Tenure
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import Lease, decode_outcome
+from tp_rdzv_dynamic.model.decisions import Join, Leave, Message
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_rdzv_dynamic.steward import Steward
+from tp_rdzv_dynamic.steward.office import StewardOffice
+from tp_rdzv_dynamic.steward.steward import Steward
+from tp_rdzv_dynamic.steward.tenure import Tenure
 from tp_store import TCPStore
 
 RUN = "steward"
@@ -99,7 +100,7 @@ def old_steward(server: TCPStore) -> Iterator[tuple[Steward, UsurpedBoard]]:
     taken = Lease.encode(vacant.epoch + 1, OLD.key, 0, vacant.round)
     assert board.swap_lease(vacant.raw, taken) == taken
     steward = Steward(
-        OLD, SETTINGS, board, holder_on(server.clone()), Tenure(board, OLD.key, taken)
+        OLD, SETTINGS, board, holder_on(server.clone()), Tenure(board, OLD.key, taken, 10.0)
     )
     steward.start()
     # Its first scan is done when it publishes a liveness report: the mail

@@ -1,82 +1,40 @@
 """The steward office: who decides for the run, and the steward thread when it is this node.
 
-Each node has one :class:`StewardOffice`. It reads the lease, judges on this
-host's monotonic clock whether its holder still beats it, takes it over
-(compare-and-set from the value last seen) when it is vacant or frozen for the
-liveness bound, re-posts the node's join to every new steward, and starts and
-stops the steward thread. That thread holds the lease through a
-:class:`Tenure`, which writes every later value of it. No other code writes the
-lease (its codec is :class:`~.documents.Lease`).
+Each node has one :class:`StewardOffice`. It reads the lease and takes it over
+(compare-and-set from the value last seen) when it is vacant: on a store with
+sessions the store deletes the lease the moment its holder's session ends, so
+a dead steward's lease is vacant at once. A lease held without a session is
+judged on this host's monotonic clock instead, and taken over once it has
+stopped moving for the liveness bound. The office re-posts the node's join to
+every new steward, and starts and stops the steward thread. That thread holds the lease through a
+:class:`~.tenure.Tenure`, which writes every later value of it. No other code writes the
+lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import threading
 
-from .board import RendezvousBoard
-from .decisions import Join
-from .documents import Lease
-from .events import log_event
-from .holder import _RendezvousStateHolder
-from .node import _NodeDesc
-from .settings import RendezvousSettings
-from .steward import LeaseLost, Steward
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import Lease
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.decisions import Join
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.settings import RendezvousSettings
+
+from .steward import Steward
+from .tenure import Tenure
 
 log = logging.getLogger(__name__)
-
-
-class Tenure:
-    """The lease as its holder keeps it, on the steward's own board.
-
-    Every write raises :class:`~.steward.LeaseLost` when the lease no longer
-    holds what this holder last wrote: another node took it.
-
-    Args:
-        board: the steward's board.
-        holder: the holding node's key.
-        lease: the value the holder wrote when it took the lease.
-    """
-
-    def __init__(self, board: RendezvousBoard, holder: str, lease: bytes) -> None:
-        taken = Lease.parse(lease)
-        self._board = board
-        self._holder = holder
-        self._raw = lease
-        self._beat = 0
-        self.epoch = taken.epoch
-        #: The round the lease tells joiners to wait for.
-        self.round = taken.round
-
-    def beat(self, round_: int) -> None:
-        """Move the lease's beat (waiters judge the steward alive by it), hinting ``round_``."""
-        self._write(self.epoch, self._holder, self._beat + 1, round_)
-
-    def hint(self, round_: int) -> None:
-        """Tell joiners to wait for ``round_``, unless the lease already does."""
-        if round_ != self.round:
-            self.beat(round_)
-
-    def move_past(self, epoch: int, round_: int) -> None:
-        """Take the epoch after ``epoch`` (a state stamped by ``epoch`` fences this one out)."""
-        self._write(epoch + 1, self._holder, self._beat, round_)
-
-    def resign(self, round_: int) -> None:
-        """Hand the lease back vacant, unless another node holds it already."""
-        with contextlib.suppress(LeaseLost):
-            self._write(self.epoch, "", self._beat + 1, round_)
-
-    def _write(self, epoch: int, holder: str, beat: int, round_: int) -> None:
-        desired = Lease.encode(epoch, holder, beat, round_)
-        if self._board.swap_lease(self._raw, desired) != desired:
-            raise LeaseLost
-        self._raw, self.epoch, self._beat, self.round = desired, epoch, beat, round_
 
 
 class StewardOffice:
     """This node's view of the steward lease, and its steward thread while it holds it.
 
-    Not thread-safe: the handler's calls come from the agent's thread.
+    Thread-safe: the agent's thread and the process's scheduler thread (the
+    ticks of a waiting node, the deputy's watch between rounds) both use it.
 
     Args:
         node: this node.
@@ -103,16 +61,19 @@ class StewardOffice:
         self._since = 0.0
         self._epoch = -1
         self._posted_epoch = -1  # the epoch of the steward the last join went to
+        self._lock = threading.RLock()
 
     @property
     def running(self) -> bool:
         """Whether this node's steward thread is deciding (it ends when it loses the lease)."""
-        return self._steward is not None and self._steward.running
+        steward = self._steward
+        return steward is not None and steward.running
 
     def post(self, join: Join, board: RendezvousBoard | None = None) -> None:
         """Post ``join`` to the steward in office (through ``board``, by default the node's)."""
-        (board or self._board).post(join)
-        self._posted_epoch = self._epoch
+        with self._lock:
+            (board or self._board).post(join)
+            self._posted_epoch = self._epoch
 
     def watch(
         self, now: float, rejoin: Join | None = None, board: RendezvousBoard | None = None
@@ -125,13 +86,18 @@ class StewardOffice:
         took it after the new one took office: then it puts it back). Returns
         the lease as it stands afterwards.
         """
-        board = board or self._board
+        with self._lock:
+            return self._watch(now, rejoin, board or self._board)
+
+    def _watch(self, now: float, rejoin: Join | None, board: RendezvousBoard) -> Lease:
         lease = board.read_lease()
         self._note(lease, now)
         mine = lease.holder == self._node.key
         if not lease.holder or (mine and not self.running):
             lease = self._take(board, lease, now)
-        elif not mine and now - self._since >= self._bound:
+        elif not mine and not lease.session_held and now - self._since >= self._bound:
+            # Held without a session: silent for the liveness bound, its holder is dead
+            # or frozen. The holder's own counter is judged within an interval.
             log_event(
                 log,
                 logging.WARNING,
@@ -142,24 +108,30 @@ class StewardOffice:
                 node=self._node,
                 round_=lease.round,
             )
-            lease = self._take(board, lease, now)
+            lease = self._take(board, lease, now, suspect=lease.holder)
         if rejoin is not None and self._posted_epoch != self._epoch:
             self.post(rejoin, board)
         return lease
 
     def stop(self, waker: RendezvousBoard | None = None) -> None:
         """Stop this node's steward thread, if any; it hands the lease back vacant."""
-        if self._steward is not None:
-            self._steward.stop(waker=waker or self._board)
-            self._steward = None
+        with self._lock:
+            if self._steward is not None:
+                self._steward.stop(waker=waker or self._board)
+                self._steward = None
 
     def _note(self, lease: Lease, now: float) -> None:
         self._epoch = lease.epoch
         if lease.raw != self._seen:
             self._seen, self._since = lease.raw, now
 
-    def _take(self, board: RendezvousBoard, lease: Lease, now: float) -> Lease:
-        """Take over from ``lease`` and start deciding; the lease that holds afterwards."""
+    def _take(
+        self, board: RendezvousBoard, lease: Lease, now: float, suspect: str | None = None
+    ) -> Lease:
+        """Take over from ``lease`` and start deciding; the lease that holds afterwards.
+
+        ``suspect`` names the holder of a lease taken for its silence.
+        """
         desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
         held = board.swap_lease(lease.raw, desired)
         if held != desired:
@@ -169,8 +141,10 @@ class StewardOffice:
             return winner
         self.stop(board)
         board = self._board.clone("the steward's connection")
-        tenure = Tenure(board, self._node.key, desired)
-        steward = Steward(self._node, self._settings, board, self._holder.clone(), tenure)
+        tenure = Tenure(board, self._node.key, desired, self._bound)
+        steward = Steward(
+            self._node, self._settings, board, self._holder.clone(), tenure, suspect=suspect
+        )
         steward.start()
         self._steward = steward
         taken = Lease.parse(desired)
