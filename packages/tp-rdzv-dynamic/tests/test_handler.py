@@ -263,6 +263,7 @@ def test_bad_arguments(server, kwargs, error, match):
         (("r", 1, 1, None, None, 3, "extra"), {}, TypeError, "at most 6"),
         ((), {"run_id": 5}, TypeError, "run_id"),
         ((), {"min_nodes": True}, TypeError, "min_nodes"),
+        ((), {"stable_ranks": "yes"}, TypeError, "stable_ranks"),
     ],
 )
 def test_bad_settings(args, kwargs, error, match):
@@ -282,6 +283,8 @@ def test_settings_forms_agree():
     )
     assert repr(positional) == repr(keywords)
     assert keywords.liveness_bound == timedelta(seconds=10)
+    assert positional.stable_ranks is False
+    assert RendezvousSettings(run_id="r", stable_ranks=True).stable_ranks is True
 
 
 def test_heartbeats_continue_after_the_round(make_node, server):

@@ -52,6 +52,11 @@ class RendezvousSettings:
             seconds; 5 s by default).
         keep_alive_max_attempt: after this many missed heartbeats a node is
             dead (>= 1; 3 by default).
+        stable_ranks: whether a survivor of a round keeps its rank in the
+            next one while the rank is below the new world size (a node
+            replacing a dead one takes its rank). Off by default: survivors
+            keep their relative order, and ranks close up behind a departed
+            node. ``node_rank`` hints come first either way.
 
     Wrong types raise ``TypeError``; out-of-range values ``ValueError``.
     """
@@ -62,6 +67,7 @@ class RendezvousSettings:
         "_max_nodes",
         "_min_nodes",
         "_run_id",
+        "_stable_ranks",
         "_timeout",
     )
 
@@ -78,6 +84,7 @@ class RendezvousSettings:
         timeout: RendezvousTimeout | None = None,
         keep_alive_interval: timedelta | None = None,
         keep_alive_max_attempt: int = 3,
+        stable_ranks: bool = False,
     ) -> None:
         if len(args) > len(_POSITIONAL):
             raise TypeError(
@@ -146,6 +153,9 @@ class RendezvousSettings:
                 f"RendezvousSettings keep_alive_interval x keep_alive_max_attempt "
                 f"({self._keep_alive_interval} x {self._keep_alive_max_attempt}) is too long"
             )
+        if not isinstance(stable_ranks, bool):
+            raise TypeError(f"RendezvousSettings stable_ranks must be a bool, got {stable_ranks!r}")
+        self._stable_ranks = stable_ranks
 
     @property
     def run_id(self) -> str:
@@ -178,6 +188,11 @@ class RendezvousSettings:
         return self._keep_alive_max_attempt
 
     @property
+    def stable_ranks(self) -> bool:
+        """Whether survivors keep their ranks from round to round."""
+        return self._stable_ranks
+
+    @property
     def liveness_bound(self) -> timedelta:
         """How long a node may stay silent: ``keep_alive_interval x keep_alive_max_attempt``."""
         return self._keep_alive_interval * self._keep_alive_max_attempt
@@ -188,5 +203,6 @@ class RendezvousSettings:
             f"RendezvousSettings(run_id={self._run_id!r}, min_nodes={self._min_nodes}, "
             f"max_nodes={self._max_nodes}, timeout={self._timeout!r}, "
             f"keep_alive_interval={self._keep_alive_interval.total_seconds():g}s, "
-            f"keep_alive_max_attempt={self._keep_alive_max_attempt})"
+            f"keep_alive_max_attempt={self._keep_alive_max_attempt}, "
+            f"stable_ranks={self._stable_ranks})"
         )
