@@ -67,7 +67,7 @@ from typing import Any
 
 from dynamic_node import NodeProcess
 
-from tp_rdzv_dynamic.documents import decode_outcome
+from tp_rdzv_dynamic.documents.codecs import decode_outcome
 from tp_rdzv_dynamic.events import participants_digest
 from tp_store import StoreError, TCPStore
 

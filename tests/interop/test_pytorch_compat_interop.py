@@ -30,7 +30,7 @@ import tp_store
 from tp_rdzv_api import RendezvousConnectionError, RendezvousParameters
 from tp_rdzv_api.registry import RendezvousHandlerRegistry
 from tp_rdzv_dynamic.factory import create_store
-from tp_rdzv_dynamic.torch_state import (
+from tp_rdzv_dynamic.torch_compat.torch_state import (
     TorchNode,
     TorchRendezvousState,
     decode_torch_state,

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError
-from tp_rdzv_dynamic.backend import RendezvousBackend
-from tp_rdzv_dynamic.p10d_backend import P10dRendezvousBackend
-from tp_rdzv_dynamic.tp_backend import TpRendezvousBackend
+from tp_rdzv_dynamic.backends.backend import RendezvousBackend
+from tp_rdzv_dynamic.backends.p10d_backend import P10dRendezvousBackend
+from tp_rdzv_dynamic.backends.tp_backend import TpRendezvousBackend
 from tp_store import FileStore, HashStore, Store, StoreConnectionError, StoreError, TCPStore
 
 #: Default timeout of the stores: a get_state that blocked would fail with it.

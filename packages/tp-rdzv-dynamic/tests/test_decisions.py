@@ -8,7 +8,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from tp_rdzv_dynamic.decisions import (
+from tp_rdzv_dynamic.model.decisions import (
     Close,
     Join,
     Leave,
@@ -17,9 +17,9 @@ from tp_rdzv_dynamic.decisions import (
     assign_ranks,
     needs_last_call,
 )
-from tp_rdzv_dynamic.node import _NodeDesc
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.model.state import RendezvousState
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_rdzv_dynamic.state import RendezvousState
 
 
 def node(name: str, pid: int = 1, local_id: int = 0) -> _NodeDesc:

@@ -25,8 +25,8 @@ from tp_rdzv_dynamic import (
     _NodeDesc,
     _RendezvousStateHolder,
 )
-from tp_rdzv_dynamic.decisions import Join
-from tp_rdzv_dynamic.documents import decode_state, encode_message
+from tp_rdzv_dynamic.documents.codecs import decode_state, encode_message
+from tp_rdzv_dynamic.model.decisions import Join
 from tp_store import PrefixStore, StoreError, TCPStore
 
 

@@ -20,10 +20,16 @@ from tp_rdzv_api import (
     RendezvousStateError,
 )
 from tp_rdzv_dynamic import DynamicRendezvousHandler, _NodeDesc
-from tp_rdzv_dynamic.bounded_json import MAX_DOCUMENT_BYTES
-from tp_rdzv_dynamic.decisions import Join, Leave
-from tp_rdzv_dynamic.documents import OUTCOME_FORMAT, SCHEMA, Lease, encode_message, encode_state
-from tp_rdzv_dynamic.state import RendezvousState
+from tp_rdzv_dynamic.documents.bounded_json import MAX_DOCUMENT_BYTES
+from tp_rdzv_dynamic.documents.codecs import (
+    OUTCOME_FORMAT,
+    SCHEMA,
+    Lease,
+    encode_message,
+    encode_state,
+)
+from tp_rdzv_dynamic.model.decisions import Join, Leave
+from tp_rdzv_dynamic.model.state import RendezvousState
 from tp_store import TCPStore
 
 KEYS = f"tp_rdzv/{RUN}/"

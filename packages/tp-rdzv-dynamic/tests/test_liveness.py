@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tp_rdzv_dynamic.liveness import LivenessTracker
+from tp_rdzv_dynamic.steward.liveness import LivenessTracker
 
 
 def test_a_counter_that_stops_is_silent_after_the_bound():

@@ -26,9 +26,9 @@ from tp_rdzv_api import (
     create_handler,
 )
 from tp_rdzv_dynamic import DynamicRendezvousHandler, RendezvousBackend, Token
-from tp_rdzv_dynamic.layout import torch_state_key
-from tp_rdzv_dynamic.torch_c10d import TorchC10dRun
-from tp_rdzv_dynamic.torch_state import (
+from tp_rdzv_dynamic.documents.layout import torch_state_key
+from tp_rdzv_dynamic.torch_compat.torch_c10d import TorchC10dRun
+from tp_rdzv_dynamic.torch_compat.torch_state import (
     TORCH_MODULE,
     TORCH_VACANT,
     TorchNode,

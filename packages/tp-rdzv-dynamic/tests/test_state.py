@@ -10,10 +10,15 @@ import zlib
 import pytest
 
 from tp_rdzv_api import RendezvousStateError
-from tp_rdzv_dynamic.bounded_json import MAX_DOCUMENT_BYTES
-from tp_rdzv_dynamic.documents import decode_outcome, decode_state, encode_outcome, encode_state
-from tp_rdzv_dynamic.node import _NodeDesc
-from tp_rdzv_dynamic.state import RendezvousState, RoundOutcome
+from tp_rdzv_dynamic.documents.bounded_json import MAX_DOCUMENT_BYTES
+from tp_rdzv_dynamic.documents.codecs import (
+    decode_outcome,
+    decode_state,
+    encode_outcome,
+    encode_state,
+)
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 
 A = _NodeDesc("node-a", 10, 0)
 B = _NodeDesc("node-b", 11, 1)

@@ -17,14 +17,14 @@ from datetime import timedelta
 import pytest
 
 from tp_rdzv_dynamic import TpRendezvousBackend
-from tp_rdzv_dynamic.board import RendezvousBoard
-from tp_rdzv_dynamic.decisions import Join, Leave, Message
-from tp_rdzv_dynamic.documents import Lease, decode_outcome
-from tp_rdzv_dynamic.holder import _RendezvousStateHolder
-from tp_rdzv_dynamic.node import _NodeDesc
-from tp_rdzv_dynamic.office import StewardOffice, Tenure
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import Lease, decode_outcome
+from tp_rdzv_dynamic.model.decisions import Join, Leave, Message
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_rdzv_dynamic.steward import Steward
+from tp_rdzv_dynamic.steward.office import StewardOffice, Tenure
+from tp_rdzv_dynamic.steward.steward import Steward
 from tp_store import TCPStore
 
 RUN = "steward"

@@ -15,7 +15,7 @@ from tp_rdzv_api import (
 from tp_rdzv_api.utils import parse_rendezvous_config
 from tp_rdzv_dynamic import DynamicRendezvousHandler
 from tp_rdzv_dynamic.factory import create_store
-from tp_rdzv_dynamic.torch_c10d import TorchC10dRun
+from tp_rdzv_dynamic.torch_compat.torch_c10d import TorchC10dRun
 from tp_store import StoreError
 
 from .errors import CommandError, ExitCode

@@ -4,13 +4,13 @@ See ``docs/design/dynamic-rendezvous.md`` for how it works.
 """
 
 from .__about__ import __version__
-from .backend import RendezvousBackend, Token
+from .backends.backend import RendezvousBackend, Token
+from .backends.holder import _RendezvousStateHolder
+from .backends.p10d_backend import P10dRendezvousBackend
+from .backends.tp_backend import TpRendezvousBackend
 from .handler import DynamicRendezvousHandler
-from .holder import _RendezvousStateHolder
-from .node import NodeDesc, _NodeDesc
-from .p10d_backend import P10dRendezvousBackend
+from .model.node_desc import NodeDesc, _NodeDesc
 from .settings import RendezvousSettings
-from .tp_backend import TpRendezvousBackend
 
 __all__ = [
     "DynamicRendezvousHandler",

@@ -50,12 +50,12 @@ from tp_rdzv_api.parameters import TIMEOUT_KEYS
 from tp_rdzv_api.utils import parse_rendezvous_endpoint
 from tp_store import FileStore, Store, StoreError, TCPStore
 
-from ._store_backend import check_run_id
-from .backend import RendezvousBackend
+from .backends._store_backend import check_run_id
+from .backends.backend import RendezvousBackend
+from .backends.p10d_backend import P10dRendezvousBackend
+from .backends.tp_backend import TpRendezvousBackend
 from .handler import DynamicRendezvousHandler
-from .p10d_backend import P10dRendezvousBackend
 from .settings import RendezvousSettings
-from .tp_backend import TpRendezvousBackend
 
 #: The store port when the endpoint names only a host (PyTorch's default).
 DEFAULT_PORT = 29400

@@ -3,7 +3,7 @@
 A node posts what it wants to the mailbox and blocks on the key that will hold
 the outcome of its round; the steward (any node, see :mod:`.steward`) decides.
 While waiting, a node heartbeats and watches the steward's lease through its
-:class:`~.office.StewardOffice`, which takes the lease over when it is vacant
+:class:`~.steward.office.StewardOffice`, which takes the lease over when it is vacant
 or has stopped moving for the liveness bound.
 """
 
@@ -22,21 +22,21 @@ from tp_rdzv_api import (
 )
 from tp_store import PrefixStore, Store
 
-from .arguments import check_arguments
-from .backend import RendezvousBackend
-from .board import RendezvousBoard
-from .bootstrap import BootstrapServer, await_bootstrap_info
-from .closing import close_run, closed_error
-from .decisions import Join
+from .backends.backend import RendezvousBackend
+from .backends.holder import _RendezvousStateHolder
+from .documents.board import RendezvousBoard
 from .events import log_event
-from .heartbeats import Heartbeats, JoinTicks
-from .holder import _RendezvousStateHolder
-from .node import _NodeDesc, _NodeDescGenerator
-from .office import StewardOffice
-from .rollback import roll_back_join
+from .model.decisions import Join
+from .model.node_desc import _NodeDesc, _NodeDescGenerator
+from .model.state import RoundOutcome
+from .node.arguments import check_arguments
+from .node.bootstrap import BootstrapServer, await_bootstrap_info
+from .node.closing import close_run, closed_error
+from .node.heartbeats import Heartbeats, JoinTicks
+from .node.rollback import roll_back_join
 from .settings import RendezvousSettings
-from .state import RoundOutcome
 from .status import RendezvousStatus, observe_run
+from .steward.office import StewardOffice
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def set_closed(self) -> None:
         """Mark the rendezvous closed; new joiners are rejected.
 
-        One node records it (see :func:`~.closing.close_run`); the others
+        One node records it (see :func:`~.node.closing.close_run`); the others
         find it recorded and have nothing to do.
         """
         round_ = close_run(self._node, self._settings, self._board, self._holder)

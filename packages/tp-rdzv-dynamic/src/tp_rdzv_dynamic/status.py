@@ -3,7 +3,7 @@
 Heartbeats are counters, and wall clocks of other hosts are never trusted, so an
 observer cannot tell from a counter alone when it last moved. The steward,
 which samples every counter once per tick on its own monotonic clock, publishes
-the ages it measured (:func:`~.documents.encode_liveness`); :func:`build_status` joins them
+the ages it measured (:func:`~.documents.codecs.encode_liveness`); :func:`build_status` joins them
 with the state. Ages are as of the steward's last tick, at most one
 ``keep_alive_interval`` old.
 """
@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .board import RendezvousBoard
-from .documents import Lease, decode_liveness
-from .holder import _RendezvousStateHolder
-from .node import _NodeDesc
-from .state import RendezvousState
+from .backends.holder import _RendezvousStateHolder
+from .documents.board import RendezvousBoard
+from .documents.codecs import Lease, decode_liveness
+from .model.node_desc import _NodeDesc
+from .model.state import RendezvousState
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """torchrun's plugin: ``torchrun --rdzv-backend=tp-etcd`` runs our dynamic rendezvous on etcd.
 
 The entry point ``tp-etcd`` of ``torchrun.handlers``; how torchrun loads it is
-told in :mod:`tp_rdzv_dynamic.torchrun`. Nothing here imports torch.
+told in :mod:`tp_rdzv_dynamic.torch_compat.torchrun`. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from tp_rdzv_api import RendezvousParameters
 from tp_rdzv_dynamic import DynamicRendezvousHandler
 from tp_rdzv_dynamic.factory import build_handler
-from tp_rdzv_dynamic.torchrun import TorchrunCreator
+from tp_rdzv_dynamic.torch_compat.torchrun import TorchrunCreator
 
 from .factory import CONFIG_KEYS, create_store
 

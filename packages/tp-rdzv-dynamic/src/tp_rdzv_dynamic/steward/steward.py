@@ -3,7 +3,7 @@
 It runs in a thread of the node holding the lease, on store connections of its
 own: it waits for the mailbox, takes what is there in one batch, samples the
 heartbeats once per tick, runs the last-call timer on this host's monotonic
-clock, asks :func:`~.decisions.apply` for the next state, persists it with
+clock, asks :func:`~tp_rdzv_dynamic.model.decisions.apply` for the next state, persists it with
 compare-and-set, then publishes what the nodes wait for.
 """
 
@@ -16,16 +16,23 @@ import time
 from typing import TYPE_CHECKING
 
 from tp_rdzv_api import RendezvousError, RendezvousStateError
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import decode_outcome, encode_liveness, encode_outcome
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.decisions import (
+    Event,
+    Leave,
+    Message,
+    Transition,
+    apply,
+    needs_last_call,
+)
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
+from tp_rdzv_dynamic.settings import RendezvousSettings
 
-from .board import RendezvousBoard
-from .decisions import Event, Leave, Message, Transition, apply, needs_last_call
-from .documents import decode_outcome, encode_liveness, encode_outcome
-from .events import log_event
-from .holder import _RendezvousStateHolder
 from .liveness import LivenessTracker
-from .node import _NodeDesc
-from .settings import RendezvousSettings
-from .state import RendezvousState, RoundOutcome
 
 if TYPE_CHECKING:
     from .office import Tenure

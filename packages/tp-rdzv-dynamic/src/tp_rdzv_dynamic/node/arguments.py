@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tp_rdzv_dynamic.backends.backend import RendezvousBackend
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.model.node_desc import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
+from tp_rdzv_dynamic.settings import RendezvousSettings
 from tp_store import Store
-
-from .backend import RendezvousBackend
-from .holder import _RendezvousStateHolder
-from .node import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
-from .settings import RendezvousSettings
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousStoreInfo, RendezvousTimeoutError
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.settings import RendezvousSettings
 from tp_store import Store, StoreError, StoreTimeoutError, TCPStore
-
-from .board import RendezvousBoard
-from .events import log_event
-from .node import _NodeDesc
-from .settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
 

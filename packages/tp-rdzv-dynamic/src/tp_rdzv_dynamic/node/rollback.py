@@ -6,12 +6,11 @@ import itertools
 import logging
 
 from tp_rdzv_api import RendezvousError, RendezvousExhaustedError, RendezvousTimeoutError
-
-from .board import RendezvousBoard
-from .decisions import Leave
-from .events import log_event
-from .node import _NodeDesc
-from .settings import RendezvousSettings
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.decisions import Leave
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
 

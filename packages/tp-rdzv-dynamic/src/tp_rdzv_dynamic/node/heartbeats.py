@@ -23,12 +23,11 @@ import time
 from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousError
-
-from .board import RendezvousBoard
-from .decisions import Join
-from .events import log_event
-from .node import _NodeDesc
-from .office import StewardOffice
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.decisions import Join
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.steward.office import StewardOffice
 
 log = logging.getLogger(__name__)
 

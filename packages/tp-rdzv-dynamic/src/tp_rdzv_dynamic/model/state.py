@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .node import _NodeDesc
+from .node_desc import _NodeDesc
 
 
 @dataclass

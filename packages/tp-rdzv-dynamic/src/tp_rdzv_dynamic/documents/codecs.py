@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tp_rdzv_api import RendezvousStateError
+from tp_rdzv_dynamic.model.decisions import Join, Leave, Message
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc, node_from_fields
+from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 
 from .bounded_json import MAX_MESSAGE_BYTES, DocumentError, load_document
-from .decisions import Join, Leave, Message
 from .layout import MAX_RECEIPT_LENGTH, RECEIPT_PREFIX
-from .node import _NodeDesc, node_from_fields
-from .state import RendezvousState, RoundOutcome
 
 STATE_FORMAT = "tp-rdzv-state"
 _COMPRESS_ABOVE = 4096

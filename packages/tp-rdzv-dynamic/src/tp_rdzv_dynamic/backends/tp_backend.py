@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from tp_rdzv_dynamic.documents.layout import state_key
+
 from ._store_backend import StoreKeyBackend
-from .layout import state_key
 
 
 class TpRendezvousBackend(StoreKeyBackend):

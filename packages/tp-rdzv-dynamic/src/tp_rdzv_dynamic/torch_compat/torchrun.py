@@ -17,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousParameters
-
-from .factory import build_handler, create_store
-from .handler import DynamicRendezvousHandler
+from tp_rdzv_dynamic.factory import build_handler, create_store
+from tp_rdzv_dynamic.handler import DynamicRendezvousHandler
 
 #: What torchrun registers: its RendezvousParameters in, a handler out.
 TorchrunCreator = Callable[[RendezvousParameters], DynamicRendezvousHandler]

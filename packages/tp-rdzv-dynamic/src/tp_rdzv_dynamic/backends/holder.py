@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from tp_rdzv_dynamic.documents.codecs import decode_state, encode_state
+from tp_rdzv_dynamic.model.state import RendezvousState
+
 from ._store_backend import StoreKeyBackend
 from .backend import RendezvousBackend, Token
-from .documents import decode_state, encode_state
-from .state import RendezvousState
 
 
 class _RendezvousStateHolder:

@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .node import _NodeDesc, natural_key
-from .settings import RendezvousSettings
+from tp_rdzv_dynamic.settings import RendezvousSettings
+
+from .node_desc import _NodeDesc, natural_key
 from .state import RendezvousState, RoundOutcome
 
 

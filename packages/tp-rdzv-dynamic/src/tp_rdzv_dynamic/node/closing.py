@@ -10,13 +10,12 @@ from tp_rdzv_api import (
     RendezvousGracefulExitError,
     RendezvousTimeoutError,
 )
-
-from .board import RendezvousBoard
-from .decisions import Close, apply
-from .documents import encode_outcome
-from .holder import _RendezvousStateHolder
-from .node import _NodeDesc
-from .settings import RendezvousSettings
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import encode_outcome
+from tp_rdzv_dynamic.model.decisions import Close, apply
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.settings import RendezvousSettings
 
 
 def close_run(

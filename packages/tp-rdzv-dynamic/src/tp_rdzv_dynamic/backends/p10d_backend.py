@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 
+from tp_rdzv_dynamic.documents.layout import torch_state_key
+
 from ._store_backend import StoreKeyBackend
-from .layout import torch_state_key
 
 
 class P10dRendezvousBackend(StoreKeyBackend):

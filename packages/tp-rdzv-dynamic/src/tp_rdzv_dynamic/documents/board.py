@@ -14,13 +14,13 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from tp_rdzv_api import RendezvousConnectionError
+from tp_rdzv_dynamic.model.decisions import Message
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.model.state import RoundOutcome
 from tp_store import Store, StoreError, StoreTimeoutError
 
-from .decisions import Message
-from .documents import WAKE_MESSAGE, Lease, decode_message, decode_outcome, encode_message
+from .codecs import WAKE_MESSAGE, Lease, decode_message, decode_outcome, encode_message
 from .layout import RunLayout
-from .node import _NodeDesc
-from .state import RoundOutcome
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ format.
 
 from __future__ import annotations
 
-from .node import MAX_ADDR_LENGTH
+from tp_rdzv_dynamic.model.node_desc import MAX_ADDR_LENGTH
 
 #: Receipts name keys below this part of the run's keys: a message cannot make
 #: the steward write any other (``closed``, ``steward``, ``state``...).

@@ -6,7 +6,7 @@ host's monotonic clock whether its holder still beats it, takes it over
 liveness bound, re-posts the node's join to every new steward, and starts and
 stops the steward thread. That thread holds the lease through a
 :class:`Tenure`, which writes every later value of it. No other code writes the
-lease (its codec is :class:`~.documents.Lease`).
+lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from .board import RendezvousBoard
-from .decisions import Join
-from .documents import Lease
-from .events import log_event
-from .holder import _RendezvousStateHolder
-from .node import _NodeDesc
-from .settings import RendezvousSettings
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import Lease
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.decisions import Join
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.settings import RendezvousSettings
+
 from .steward import LeaseLost, Steward
 
 log = logging.getLogger(__name__)

@@ -12,12 +12,12 @@ import time
 from datetime import datetime, timezone
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousTimeoutError
+from tp_rdzv_dynamic.documents.layout import torch_state_key
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.model.state import RendezvousState
+from tp_rdzv_dynamic.status import RendezvousStatus, build_status
 from tp_store import Store, StoreError
 
-from .layout import torch_state_key
-from .node import _NodeDesc
-from .state import RendezvousState
-from .status import RendezvousStatus, build_status
 from .torch_state import (
     TORCH_VACANT,
     TorchNode,

@@ -1,0 +1,1 @@
+"""Where the state document lives: the backend interface, its store implementations, the holder."""

@@ -1,0 +1,1 @@
+"""The rendezvous's model: node descriptors, the state, and the pure decisions."""

@@ -1,0 +1,1 @@
+"""The node's side: ticks and heartbeats, bootstrap, rollback, closing, argument checks."""

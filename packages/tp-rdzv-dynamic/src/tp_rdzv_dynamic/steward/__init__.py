@@ -1,0 +1,1 @@
+"""The steward's side: the office (the lease), the steward thread, liveness."""

@@ -1,0 +1,1 @@
+"""PyTorch compatibility: torchrun's plugin and torch's own c10d state."""
