@@ -12,10 +12,17 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from tp_rdzv_dynamic.decisions import Join, Leave, Message, apply, assign_ranks, needs_last_call
-from tp_rdzv_dynamic.node import _NodeDesc
+from tp_rdzv_dynamic.model.decisions import (
+    Join,
+    Leave,
+    Message,
+    apply,
+    assign_ranks,
+    needs_last_call,
+)
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_rdzv_dynamic.state import RendezvousState, RoundOutcome
 
 NODES = [_NodeDesc(f"host{i}", 100 + i, 0) for i in range(10)]
 A, B, C, D, E, F = NODES[:6]
