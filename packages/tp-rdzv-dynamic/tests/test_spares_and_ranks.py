@@ -1,17 +1,22 @@
-"""Spares and ranks in the steward's pure decisions: properties over random runs.
+"""Spares and ranks: the steward's pure decisions over random runs, and a spare's deadline.
 
 A spare is a node beyond ``max_nodes`` waiting in the redundancy list. When a
 participant dies, spares fill the next round to ``max_nodes`` without a last
 call; with ``stable_ranks`` the survivors keep their ranks and the spares take
-the dead nodes' ones.
+the dead nodes' ones. A spare never times out while it waits (the node
+processes of ``test_dynamic_multiprocess.py`` show it across processes).
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from tp_rdzv_dynamic import TpRendezvousBackend
+from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
 from tp_rdzv_dynamic.model.decisions import (
     Join,
     Leave,
@@ -22,6 +27,7 @@ from tp_rdzv_dynamic.model.decisions import (
 )
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
+from tp_rdzv_dynamic.node.spares import JoinDeadline
 from tp_rdzv_dynamic.settings import RendezvousSettings
 
 NODES = [_NodeDesc(f"host{i}", 100 + i, 0) for i in range(10)]
@@ -194,3 +200,31 @@ def test_the_last_survivor_back_is_seated_before_the_spares():
     transition = apply(state, [Leave(A), Join(B, None, 1)], settings)
     assert transition.outcomes[0].participants == (B, C)
     assert list(transition.state.redundancy_list) == [D]
+
+
+def test_a_spare_has_no_join_deadline_and_a_former_spare_a_whole_one(server):
+    backend = TpRendezvousBackend(server, "spares")
+    holder = _RendezvousStateHolder(backend, "spares")
+    spare = RendezvousState(
+        complete=True, participants={A: 0, B: 1}, redundancy_list={C: None}, last_order=[A, B]
+    )
+    _, token, _ = holder.save(spare, None)
+    deadline = JoinDeadline(C, holder, timedelta(seconds=10), now=100.0)
+    assert not deadline.expired(109.0)  # before the deadline: nothing read
+    assert deadline.remaining(109.0) == 1.0
+    assert not deadline.expired(110.0)  # a spare: a new join timeout
+    assert deadline.remaining(110.0) == 10.0
+    assert not deadline.expired(120.0)
+    # B dies: C moves to the wait list, at some point of the last join timeout.
+    spare = apply(spare, [Leave(B)], rules(1, 2, stable=False)).state
+    assert list(spare.wait_list) == [C]
+    holder.save(spare, token)
+    assert not deadline.expired(130.0)  # a spare at the last look: a whole join timeout
+    assert deadline.expired(140.0)  # waiting, no spare: it gives up as any node
+
+
+def test_a_node_that_is_no_spare_gives_up_at_the_join_timeout(server):
+    holder = _RendezvousStateHolder(TpRendezvousBackend(server, "waiting"), "waiting")
+    holder.save(RendezvousState(participants={A: 0}), None)
+    deadline = JoinDeadline(B, holder, timedelta(seconds=10), now=0.0)
+    assert deadline.expired(10.0)
