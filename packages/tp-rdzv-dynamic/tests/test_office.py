@@ -13,8 +13,8 @@ from tp_rdzv_dynamic.documents.codecs import Lease, decode_outcome
 from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_rdzv_dynamic.steward.office import StewardOffice, Tenure
-from tp_rdzv_dynamic.steward.steward import LeaseLost
+from tp_rdzv_dynamic.steward.office import StewardOffice
+from tp_rdzv_dynamic.steward.tenure import LeaseLost, Tenure
 from tp_store import TCPStore
 
 RUN = "office"

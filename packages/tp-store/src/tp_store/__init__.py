@@ -5,6 +5,7 @@ from .base import DEFAULT_TIMEOUT, Store, UnsupportedOperationError
 from .errors import (
     ProtocolError,
     QueueEmptyError,
+    SessionExpiredError,
     StoreAuthenticationError,
     StoreConnectionError,
     StoreError,
@@ -18,6 +19,7 @@ from .prefix_store import PrefixStore
 from .protocol import Limits, ServerStats
 from .security import TLSConfig
 from .server import StoreServer
+from .session import StoreSession
 from .tcp_store import TCPStore
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "ProtocolError",
     "QueueEmptyError",
     "ServerStats",
+    "SessionExpiredError",
     "Store",
     "StoreAuthenticationError",
     "StoreConnectionError",
@@ -36,6 +39,7 @@ __all__ = [
     "StoreFileError",
     "StoreLimitError",
     "StoreServer",
+    "StoreSession",
     "StoreTimeoutError",
     "TCPStore",
     "TLSConfig",

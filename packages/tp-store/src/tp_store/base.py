@@ -22,6 +22,7 @@ from .semantics import INT64_MAX, check_multi_set, check_sequence, int_argument
 
 if TYPE_CHECKING:
     from .protocol import ServerStats
+    from .session import StoreSession
 
 #: What callers may pass where PyTorch takes a ``timedelta``.
 Timeout = timedelta | float | int
@@ -240,6 +241,17 @@ class Store:
         :class:`UnsupportedOperationError`.
         """
         raise UnsupportedOperationError(f"{type(self).__name__} has no store server statistics")
+
+    def open_session(self, timeout: Timeout) -> StoreSession:
+        """Open a store session: ephemeral keys and wills (see :class:`~tp_store.StoreSession`).
+
+        The store ends it after ``timeout`` (a ``timedelta`` or seconds) of
+        silence from the client. An extension of PyTorch's API, offered by
+        :class:`~tp_store.HashStore`, :class:`~tp_store.PrefixStore` over a
+        store that offers it, and :class:`~tp_store.TCPStore` connected to a
+        tp-store server; other stores raise :class:`UnsupportedOperationError`.
+        """
+        raise UnsupportedOperationError(f"{type(self).__name__} does not offer store sessions")
 
     # -- lifetime --------------------------------------------------------------
     def close(self) -> None:

@@ -31,6 +31,15 @@ class StoreConnectionError(StoreError, ConnectionError):
         self.port = port
 
 
+class SessionExpiredError(StoreConnectionError):
+    """The store ended this store session (see :class:`~tp_store.StoreSession`).
+
+    Its keys are deleted and its wills pushed: the client was silent longer
+    than the session's timeout, its connection broke, or the session was
+    closed. Open a new session to be present again.
+    """
+
+
 class StoreAuthenticationError(StoreConnectionError):
     """The store and this client do not share a secret, or only one of them has one.
 

@@ -8,7 +8,11 @@ from collections.abc import Sequence
 
 from .base import DEFAULT_TIMEOUT, Data, Store, Timeout, as_bytes, as_keys
 from .errors import QueueEmptyError
+from .hash_session import HashSession, SessionReaper
+from .presence import Presence, PresenceBook
+from .protocol import Limits
 from .semantics import compare_set_result, counter_after_add, key_text, timeout_error
+from .session import StoreSession, session_timeout_seconds
 
 
 class _Queue:
@@ -24,6 +28,8 @@ class _SharedData:
 
     One lock guards everything. ``changed`` wakes all key waiters on every
     write; each queue has its own condition so that a push wakes one popper.
+    ``book`` knows which keys store sessions own (the default ``Limits``
+    bound each session).
     """
 
     def __init__(self) -> None:
@@ -31,6 +37,9 @@ class _SharedData:
         self.changed = threading.Condition(self.lock)
         self.values: dict[bytes, bytes] = {}
         self.queues: dict[bytes, _Queue] = {}
+        limits = Limits()
+        self.book = PresenceBook(limits.max_session_keys, limits.max_session_wills)
+        self.reaper = SessionReaper(self.lock)
 
     def queue(self, key: bytes) -> _Queue:
         queue = self.queues.get(key)
@@ -44,8 +53,31 @@ class _SharedData:
         return key in self.values or (queue is not None and bool(queue.values))
 
     def write(self, key: bytes, value: bytes) -> None:
+        """Store ``value`` (the key is nobody's now: a session re-owns what it writes)."""
         self.values[key] = value
+        if self.book.owners:
+            self.book.release(key)
         self.changed.notify_all()
+
+    def delete(self, key: bytes) -> bool:
+        if self.book.owners:
+            self.book.release(key)
+        return self.values.pop(key, None) is not None
+
+    def push(self, key: bytes, value: bytes) -> None:
+        queue = self.queue(key)
+        queue.values.append(value)
+        queue.pushed.notify()
+        # A non-empty queue makes its key exist for wait() and check().
+        self.changed.notify_all()
+
+    def end(self, presence: Presence) -> None:
+        """End a store session: delete the keys it owns, then push its wills."""
+        keys, wills = self.book.end(presence)
+        for key in keys:
+            del self.values[key]
+        for queue, value in wills:
+            self.push(queue, value)
 
 
 class HashStore(Store):
@@ -68,6 +100,14 @@ class HashStore(Store):
         twin = HashStore(self.timeout)
         twin._data = self._data
         return twin
+
+    def open_session(self, timeout: Timeout) -> StoreSession:
+        """A store session on this store's data (see :class:`~tp_store.StoreSession`).
+
+        It ends on ``close()``, or once ``timeout`` passed without a write, a
+        will or a ``keep_alive`` through it.
+        """
+        return HashSession(self._data, session_timeout_seconds(timeout))
 
     def set(self, key: Data, value: Data) -> None:
         """Store ``value`` under ``key``, waking anyone waiting for it."""
@@ -124,7 +164,7 @@ class HashStore(Store):
         """Delete ``key``; return whether it existed."""
         raw_key = as_bytes(key, "key")
         with self._data.lock:
-            return self._data.values.pop(raw_key, None) is not None
+            return self._data.delete(raw_key)
 
     def num_keys(self) -> int:
         """The number of keys held (queues are not keys)."""
@@ -145,13 +185,8 @@ class HashStore(Store):
     def queue_push(self, key: Data, value: Data) -> None:
         """Push ``value`` onto the queue at ``key``, waking one blocked popper."""
         raw_key, raw_value = as_bytes(key, "key"), as_bytes(value)
-        data = self._data
-        with data.lock:
-            queue = data.queue(raw_key)
-            queue.values.append(raw_value)
-            queue.pushed.notify()
-            # A non-empty queue makes its key exist for wait() and check().
-            data.changed.notify_all()
+        with self._data.lock:
+            self._data.push(raw_key, raw_value)
 
     def queue_pop(self, key: Data, block: bool = True) -> bytes:
         """Pop the oldest value of the queue at ``key``.

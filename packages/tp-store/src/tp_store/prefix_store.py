@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .base import Data, Store, Timeout, as_bytes
 from .protocol import ServerStats
 from .semantics import check_sequence, key_text
+from .session import StoreSession
 
 
 class PrefixStore(Store):
@@ -145,6 +146,10 @@ class PrefixStore(Store):
         """The counters of the underlying store's server (the whole server, not the prefix)."""
         return self._store.server_stats()
 
+    def open_session(self, timeout: Timeout) -> StoreSession:
+        """A session of the underlying store whose keys and will queues are under the prefix."""
+        return _PrefixSession(self._store.open_session(timeout), self._key)
+
     def clone(self) -> PrefixStore:
         """The same prefix over a clone of the underlying store."""
         return PrefixStore(self._prefix, self._store.clone())
@@ -155,3 +160,42 @@ class PrefixStore(Store):
 
     def __repr__(self) -> str:
         return f"PrefixStore({self._prefix!r}, {self._store!r})"
+
+
+class _PrefixSession(StoreSession):
+    """A session of the underlying store seen through a ``PrefixStore``."""
+
+    def __init__(self, session: StoreSession, key: Callable[[Data], Data]) -> None:
+        super().__init__(session.timeout)
+        self._session = session
+        self._key = key
+
+    @property
+    def ended(self) -> bool:
+        """Whether the underlying session is known to have ended."""
+        return self._session.ended
+
+    def set(self, key: Data, value: Data) -> None:
+        """Store ``value`` under the prefixed ``key``, owned by the session."""
+        self._session.set(self._key(key), as_bytes(value))
+
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """``compare_set`` of the prefixed ``key``; a write leaves it owned by the session."""
+        return self._session.compare_set(
+            self._key(key), as_bytes(expected, "expected"), as_bytes(desired, "desired")
+        )
+
+    def add_will(self, queue: Data, value: Data) -> None:
+        """Push ``value`` onto the prefixed ``queue`` when the session ends."""
+        self._session.add_will(self._key(queue), as_bytes(value))
+
+    def keep_alive(self) -> None:
+        """Keep the underlying session alive."""
+        self._session.keep_alive()
+
+    def close(self) -> None:
+        """End the underlying session."""
+        self._session.close()
+
+    def __repr__(self) -> str:
+        return f"<PrefixSession {self._session!r}>"

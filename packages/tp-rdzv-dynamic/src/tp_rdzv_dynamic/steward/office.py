@@ -5,13 +5,12 @@ host's monotonic clock whether its holder still beats it, takes it over
 (compare-and-set from the value last seen) when it is vacant or frozen for the
 liveness bound, re-posts the node's join to every new steward, and starts and
 stops the steward thread. That thread holds the lease through a
-:class:`Tenure`, which writes every later value of it. No other code writes the
+:class:`~.tenure.Tenure`, which writes every later value of it. No other code writes the
 lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
@@ -22,56 +21,10 @@ from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
 
-from .steward import LeaseLost, Steward
+from .steward import Steward
+from .tenure import Tenure
 
 log = logging.getLogger(__name__)
-
-
-class Tenure:
-    """The lease as its holder keeps it, on the steward's own board.
-
-    Every write raises :class:`~.steward.LeaseLost` when the lease no longer
-    holds what this holder last wrote: another node took it.
-
-    Args:
-        board: the steward's board.
-        holder: the holding node's key.
-        lease: the value the holder wrote when it took the lease.
-    """
-
-    def __init__(self, board: RendezvousBoard, holder: str, lease: bytes) -> None:
-        taken = Lease.parse(lease)
-        self._board = board
-        self._holder = holder
-        self._raw = lease
-        self._beat = 0
-        self.epoch = taken.epoch
-        #: The round the lease tells joiners to wait for.
-        self.round = taken.round
-
-    def beat(self, round_: int) -> None:
-        """Move the lease's beat (waiters judge the steward alive by it), hinting ``round_``."""
-        self._write(self.epoch, self._holder, self._beat + 1, round_)
-
-    def hint(self, round_: int) -> None:
-        """Tell joiners to wait for ``round_``, unless the lease already does."""
-        if round_ != self.round:
-            self.beat(round_)
-
-    def move_past(self, epoch: int, round_: int) -> None:
-        """Take the epoch after ``epoch`` (a state stamped by ``epoch`` fences this one out)."""
-        self._write(epoch + 1, self._holder, self._beat, round_)
-
-    def resign(self, round_: int) -> None:
-        """Hand the lease back vacant, unless another node holds it already."""
-        with contextlib.suppress(LeaseLost):
-            self._write(self.epoch, "", self._beat + 1, round_)
-
-    def _write(self, epoch: int, holder: str, beat: int, round_: int) -> None:
-        desired = Lease.encode(epoch, holder, beat, round_)
-        if self._board.swap_lease(self._raw, desired) != desired:
-            raise LeaseLost
-        self._raw, self.epoch, self._beat, self.round = desired, epoch, beat, round_
 
 
 class StewardOffice:

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from tp_rdzv_api import RendezvousError, RendezvousStateError
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
@@ -33,9 +32,7 @@ from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 from tp_rdzv_dynamic.settings import RendezvousSettings
 
 from .liveness import LivenessTracker
-
-if TYPE_CHECKING:
-    from .office import Tenure
+from .tenure import LeaseLost, Tenure
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +43,6 @@ _MAX_RETRIES = 16
 #: liveness bound plus a quarter interval (sampling once per interval, it took
 #: up to two intervals more).
 _SCANS_PER_TICK = 4
-
-
-class LeaseLost(Exception):
-    """Another node holds the lease now: this steward must stop deciding."""
 
 
 class Steward:

@@ -14,7 +14,9 @@ class Limits:
     store one more closes its connection), and ``max_message_bytes`` bounds
     one request and one reply (a MULTI_GET of a big value a million times
     would otherwise build its reply in memory). ``max_value_bytes`` also
-    bounds what APPEND grows a value to.
+    bounds what APPEND grows a value to. A store session owns at most
+    ``max_session_keys`` keys and holds at most ``max_session_wills`` wills
+    (what it holds counts in the server's memory budget).
     """
 
     max_key_bytes: int = 8 * 1024
@@ -22,6 +24,8 @@ class Limits:
     max_keys_per_request: int = 128 * 1024
     max_keys: int = 1_000_000
     max_message_bytes: int = 64 * 1024 * 1024
+    max_session_keys: int = 1024
+    max_session_wills: int = 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -1,0 +1,103 @@
+"""Store sessions: ephemeral keys and wills that outlive their writer only briefly.
+
+A :class:`StoreSession` is a client's presence in a store (ZooKeeper's
+sessions, etcd's leases). Keys written through it are *owned* by it, and it
+holds *wills*: queue pushes the store makes when the session ends. The store
+ends a session when its client closes it, when the client's connection closes
+(a killed process's sockets are closed by the kernel at once), or when nothing
+arrived from the client for ``timeout`` seconds. Then, in this order, every
+key the session still owns is deleted and each will is pushed, waking whoever
+blocks on its queue: wills are how others learn of a departure (a deletion
+wakes nobody, waits are for existence).
+
+Ownership moves: a key written through another session is owned by that one;
+a plain write or a delete of the key makes it an ordinary key again.
+
+Open one with :meth:`tp_store.Store.open_session`; stores that cannot offer
+sessions raise :class:`~tp_store.UnsupportedOperationError` there.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from types import TracebackType
+from typing import TypeVar
+
+from .base import Data, Timeout, as_timedelta
+
+_SessionT = TypeVar("_SessionT", bound="StoreSession")
+
+#: The longest session timeout a store accepts (its silence timer must stay a sane number).
+MAX_SESSION_TIMEOUT_SECONDS = 30 * 24 * 3600.0
+#: The shortest: the wire protocol counts milliseconds.
+MIN_SESSION_TIMEOUT_SECONDS = 0.001
+
+
+def session_timeout_seconds(timeout: Timeout) -> float:
+    """``timeout`` in seconds, checked: from 1 ms to 30 days (``ValueError`` otherwise)."""
+    seconds = as_timedelta(timeout, "session timeout").total_seconds()
+    if not MIN_SESSION_TIMEOUT_SECONDS <= seconds <= MAX_SESSION_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"session timeout must be from {MIN_SESSION_TIMEOUT_SECONDS} to "
+            f"{MAX_SESSION_TIMEOUT_SECONDS:.0f} seconds, got {seconds:g}"
+        )
+    return seconds
+
+
+class StoreSession(abc.ABC):
+    """A client's presence in a store: ephemeral keys and wills.
+
+    One thread at a time uses a session (as one store handle); ``close`` may
+    be called from any thread. After the session ended, every method but
+    ``close`` raises :class:`~tp_store.errors.SessionExpiredError`.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"session timeout must be a positive number, got {timeout!r}")
+        #: Seconds of silence after which the store ends the session.
+        self.timeout = timeout
+
+    @abc.abstractmethod
+    def set(self, key: Data, value: Data) -> None:
+        """Store ``value`` under ``key`` as a key owned by this session (an ephemeral key)."""
+
+    @abc.abstractmethod
+    def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
+        """``Store.compare_set``; a write it makes leaves the key owned by this session."""
+
+    @abc.abstractmethod
+    def add_will(self, queue: Data, value: Data) -> None:
+        """When the session ends, push ``value`` onto the queue ``queue`` (after the deletions).
+
+        Wills are pushed in the order they were added.
+        """
+
+    @abc.abstractmethod
+    def keep_alive(self) -> None:
+        """Tell the store this session is alive (a cheap ping, not a write).
+
+        Raises :class:`~tp_store.errors.SessionExpiredError` once the store
+        ended the session.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the session now: its keys are deleted, its wills pushed. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def ended(self) -> bool:
+        """Whether the session is known, here, to have ended."""
+
+    def __enter__(self: _SessionT) -> _SessionT:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
