@@ -496,8 +496,6 @@ def test_a_spare_outwaits_its_join_timeout_and_takes_a_killed_nodes_rank(
             join_timeout=join_timeout,
             last_call_timeout=LONG_JOIN,
             stable_ranks=True,
-            keep_alive_interval=KEEP_ALIVE_INTERVAL,
-            keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
         )
 
     # The host only hosts the store, so that the node of rank 0 can be killed.
