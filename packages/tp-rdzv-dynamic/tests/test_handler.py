@@ -263,7 +263,6 @@ def test_bad_arguments(server, kwargs, error, match):
         (("r", 1, 1, None, None, 3, "extra"), {}, TypeError, "at most 6"),
         ((), {"run_id": 5}, TypeError, "run_id"),
         ((), {"min_nodes": True}, TypeError, "min_nodes"),
-        ((), {"stable_ranks": "yes"}, TypeError, "stable_ranks"),
     ],
 )
 def test_bad_settings(args, kwargs, error, match):
@@ -284,7 +283,12 @@ def test_settings_forms_agree():
     assert repr(positional) == repr(keywords)
     assert keywords.liveness_bound == timedelta(seconds=10)
     assert positional.stable_ranks is False
-    assert RendezvousSettings(run_id="r", stable_ranks=True).stable_ranks is True
+    stable = positional.with_stable_ranks()
+    assert (stable.stable_ranks, positional.stable_ranks) == (True, False)
+    assert repr(stable) == repr(positional).replace("stable_ranks=False", "stable_ranks=True")
+    assert stable.with_stable_ranks(False).stable_ranks is False
+    with pytest.raises(TypeError, match="stable_ranks must be a bool"):
+        positional.with_stable_ranks("yes")  # type: ignore[arg-type]
 
 
 def test_heartbeats_continue_after_the_round(make_node, server):

@@ -35,9 +35,8 @@ A, B, C, D, E, F = NODES[:6]
 
 
 def rules(min_nodes: int, max_nodes: int, *, stable: bool) -> RendezvousSettings:
-    return RendezvousSettings(
-        run_id="run", min_nodes=min_nodes, max_nodes=max_nodes, stable_ranks=stable
-    )
+    settings = RendezvousSettings(run_id="run", min_nodes=min_nodes, max_nodes=max_nodes)
+    return settings.with_stable_ranks(stable)
 
 
 def check_outcome(outcome: RoundOutcome, settings: RendezvousSettings) -> None:

@@ -6,7 +6,7 @@ timeout), ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``heartbeat_timeout``, ``keep_alive_interval`` (5),
 ``keep_alive_max_attempt`` (3), ``stable_ranks`` (a bool, off by default:
 survivors keep their ranks from round to round, see
-:class:`~.settings.RendezvousSettings`) and ``store_type`` (``tcp`` or
+:meth:`~.settings.RendezvousSettings.with_stable_ranks`) and ``store_type`` (``tcp`` or
 ``file``; with ``file`` the endpoint is the file's path, and an empty
 endpoint a new temporary file).
 
@@ -148,8 +148,7 @@ def settings_from(params: RendezvousParameters) -> RendezvousSettings:
         if interval is None
         else to_seconds("keep_alive_interval", interval),
         keep_alive_max_attempt=attempts,
-        stable_ranks=stable_ranks,
-    )
+    ).with_stable_ranks(stable_ranks)
 
 
 def create_store(params: RendezvousParameters) -> Store:

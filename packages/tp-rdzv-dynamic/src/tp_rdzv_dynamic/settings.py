@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import Any
 
@@ -52,13 +53,10 @@ class RendezvousSettings:
             seconds; 5 s by default).
         keep_alive_max_attempt: after this many missed heartbeats a node is
             dead (>= 1; 3 by default).
-        stable_ranks: whether a survivor of a round keeps its rank in the
-            next one while the rank is below the new world size (a node
-            replacing a dead one takes its rank). Off by default: survivors
-            keep their relative order, and ranks close up behind a departed
-            node. ``node_rank`` hints come first either way.
 
     Wrong types raise ``TypeError``; out-of-range values ``ValueError``.
+    Stable ranks are off: :meth:`with_stable_ranks` turns them on (the
+    constructor keeps PyTorch's signature).
     """
 
     __slots__ = (
@@ -84,7 +82,6 @@ class RendezvousSettings:
         timeout: RendezvousTimeout | None = None,
         keep_alive_interval: timedelta | None = None,
         keep_alive_max_attempt: int = 3,
-        stable_ranks: bool = False,
     ) -> None:
         if len(args) > len(_POSITIONAL):
             raise TypeError(
@@ -153,9 +150,23 @@ class RendezvousSettings:
                 f"RendezvousSettings keep_alive_interval x keep_alive_max_attempt "
                 f"({self._keep_alive_interval} x {self._keep_alive_max_attempt}) is too long"
             )
-        if not isinstance(stable_ranks, bool):
-            raise TypeError(f"RendezvousSettings stable_ranks must be a bool, got {stable_ranks!r}")
-        self._stable_ranks = stable_ranks
+        self._stable_ranks = False
+
+    def with_stable_ranks(self, stable: bool = True) -> RendezvousSettings:
+        """These settings with stable ranks on (or off, with ``stable=False``).
+
+        With stable ranks, a survivor of a round keeps its rank in the next
+        one while the rank is below the new world size, and a node replacing
+        a dead one takes its rank. Off (the default), survivors keep their
+        relative order and the ranks close up behind a departed node.
+        ``node_rank`` hints come first either way. The config key is
+        ``stable_ranks``.
+        """
+        if not isinstance(stable, bool):
+            raise TypeError(f"RendezvousSettings stable_ranks must be a bool, got {stable!r}")
+        changed = copy.copy(self)
+        changed._stable_ranks = stable
+        return changed
 
     @property
     def run_id(self) -> str:
@@ -189,7 +200,7 @@ class RendezvousSettings:
 
     @property
     def stable_ranks(self) -> bool:
-        """Whether survivors keep their ranks from round to round."""
+        """Whether survivors keep their ranks across rounds (see :meth:`with_stable_ranks`)."""
         return self._stable_ranks
 
     @property
