@@ -74,3 +74,4 @@ def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandl
     for handler in handlers:
         handler._office.stop()
         handler._heartbeats.stop()
+        handler._presence.close()

@@ -9,6 +9,7 @@ per stdin line and answers each with exactly one JSON line on stdout:
 ``next``       ``next_rendezvous()``: rank, world_size, participants (as
                ``str``), wait_list, bootstrap ``[addr, port]``, round (the
                handler's ``round`` where it has one), elapsed s
+``change S``   ``wait_for_change(S)`` as ``value`` (S: seconds)
 ``waiting``    ``num_nodes_waiting()`` as ``value``
 ``closed?``    ``is_closed()`` as ``value``
 ``close``      ``set_closed()``
@@ -265,6 +266,8 @@ def main(argv: list[str]) -> int:
                     else [bootstrap.master_addr, bootstrap.port],
                     round=getattr(handler, "round", None),
                 )
+            elif command.startswith("change "):
+                answer["value"] = handler.wait_for_change(float(command.split()[1]))
             elif command == "waiting":
                 answer["value"] = handler.num_nodes_waiting()
             elif command == "closed?":

@@ -125,19 +125,25 @@ def logging_to(path: Path) -> dict[str, str]:
     return {"log_level": "INFO", "log_file": str(path), "log_format": "json"}
 
 
-def found_dead(paths: Sequence[Path]) -> set[str]:
-    """The nodes that stewards logging to ``paths`` found dead (``node_dead`` records).
+def logged(paths: Sequence[Path], action: str) -> list[dict[str, Any]]:
+    """The structured records of ``action`` in the logs at ``paths``.
 
     A line still being written is skipped.
     """
-    found: set[str] = set()
+    records: list[dict[str, Any]] = []
     for path in paths:
         for line in path.read_text().splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
-                if record.get("action") == "node_dead":
-                    found.add(record["node"])
-    return found
+                if record.get("action") == action:
+                    records.append(record)
+    return records
+
+
+def found_gone(paths: Sequence[Path]) -> set[str]:
+    """The nodes that stewards logging to ``paths`` learned were gone from the store
+    (``node_gone`` records: their presence sessions ended)."""
+    return {record["node"] for record in logged(paths, "node_gone")}
 
 
 def assert_silent(nodes: Sequence[NodeProcess], seconds: float, why: str) -> None:
@@ -345,9 +351,9 @@ def test_survivors_reform_after_kill(spawn_node: Spawn, free_port: int, tmp_path
     )
     dead = {victim.node_id for victim in victims}
     assert not dead & set(answers[survivors[0].name]["participants"])
-    # They re-formed because a steward found the victims dead by their heartbeats.
-    missed = dead - found_dead([logs[node.name] for node in survivors])
-    assert not missed, f"no steward logged node_dead for {sorted(missed)}"
+    # They re-formed because the store told a steward the victims' sessions ended.
+    missed = dead - found_gone([logs[node.name] for node in survivors])
+    assert not missed, f"no steward logged node_gone for {sorted(missed)}"
     check_exchange(new_order, answers)
 
 
@@ -654,8 +660,8 @@ def test_clock_skew_is_harmless(spawn_node: Spawn, free_port: int, tmp_path: Pat
     answers = collect(survivors, ROUND_TIMEOUT, "the round after the kill")
     assert check_round(survivors, answers) == survivors
     dead = {victim.node_id for victim in victims}
-    missed = dead - found_dead([logs[node.name] for node in survivors])
-    assert not missed, f"no steward logged node_dead for {sorted(missed)}"
+    missed = dead - found_gone([logs[node.name] for node in survivors])
+    assert not missed, f"no steward logged node_gone for {sorted(missed)}"
 
     # One more round with no failure: the four keep their ranks.
     again = ask_all(survivors, "next")

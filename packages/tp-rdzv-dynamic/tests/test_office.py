@@ -89,7 +89,7 @@ def test_a_tenure_stops_at_the_first_write_after_another_node_took_the_lease(ser
     store = server.clone()
     taken = Lease.encode(3, NODE.key, 0, 0)
     write_lease(server, taken)
-    tenure = Tenure(RendezvousBoard(store, RUN), NODE.key, taken)
+    tenure = Tenure(RendezvousBoard(store, RUN), NODE.key, taken, 10.0)
     tenure.beat(0)
     tenure.hint(2)
     assert Lease.parse(server.get(LEASE)).round == 2

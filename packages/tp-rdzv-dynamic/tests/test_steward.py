@@ -100,7 +100,7 @@ def old_steward(server: TCPStore) -> Iterator[tuple[Steward, UsurpedBoard]]:
     taken = Lease.encode(vacant.epoch + 1, OLD.key, 0, vacant.round)
     assert board.swap_lease(vacant.raw, taken) == taken
     steward = Steward(
-        OLD, SETTINGS, board, holder_on(server.clone()), Tenure(board, OLD.key, taken)
+        OLD, SETTINGS, board, holder_on(server.clone()), Tenure(board, OLD.key, taken, 10.0)
     )
     steward.start()
     # Its first scan is done when it publishes a liveness report: the mail

@@ -57,6 +57,12 @@ from tp_store.protocol import (
     Request,
     RequestParser,
     ServerStats,
+    SessionClose,
+    SessionCompareSet,
+    SessionOpen,
+    SessionSet,
+    SessionStats,
+    SessionWill,
     Set,
     Stats,
     Validate,
@@ -121,6 +127,11 @@ REQUEST_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Stats: st.just(Stats()),
     AuthChallenge: st.builds(AuthChallenge, KEYS),
     AuthProof: st.builds(AuthProof, KEYS),
+    SessionOpen: st.builds(SessionOpen, I64),
+    SessionSet: st.builds(SessionSet, KEYS, VALUES),
+    SessionCompareSet: st.builds(SessionCompareSet, KEYS, VALUES, VALUES),
+    SessionWill: st.builds(SessionWill, KEYS, VALUES),
+    SessionClose: st.just(SessionClose()),
 }
 REQUESTS: st.SearchStrategy[Request] = st.one_of(*REQUEST_STRATEGIES.values())
 VALIDATE = Validate().encode()
@@ -749,6 +760,11 @@ def server_stats(**overrides: Any) -> dict[str, Any]:
         "bytes_received": 400,
         "bytes_sent": 300,
         "ops": {opcode.name.lower(): 1 for opcode in Opcode},
+        "sessions_open": 1,
+        "sessions_opened": 4,
+        "sessions_ended_closed": 1,
+        "sessions_ended_disconnected": 1,
+        "sessions_ended_expired": 1,
     }
     stats.update(overrides)
     return stats
@@ -810,6 +826,8 @@ def test_stats_keep_fields_a_newer_server_adds() -> None:
         (json.dumps(server_stats(tp_store_version=1)).encode(), "must be a string, got 1"),
         (json.dumps(server_stats(ops=[1])).encode(), "'ops' must map names to counts"),
         (json.dumps(server_stats(ops={"set": -1})).encode(), "'ops' must map names to counts"),
+        (json.dumps(server_stats(sessions_open=-1)).encode(), "'sessions_open' must be a count"),
+        (json.dumps(server_stats(sessions_ended_expired="1")).encode(), "'sessions_ended_exp"),
     ],
     ids=lambda value: value[:40] if isinstance(value, str) else None,
 )
@@ -818,7 +836,14 @@ def test_bad_stats_documents_are_rejected(document: bytes, message: str) -> None
         decode_stats(document)
 
 
-@pytest.mark.parametrize("field", sorted(ServerStats.__annotations__))
+def test_a_stats_document_without_session_counts_is_a_server_without_sessions() -> None:
+    older = server_stats()
+    for field in SessionStats.__annotations__:
+        del older[field]
+    assert decode_stats(json.dumps(older).encode()) == older
+
+
+@pytest.mark.parametrize("field", sorted(ServerStats.__required_keys__))
 def test_a_stats_document_missing_a_field_is_rejected(field: str) -> None:
     stats = server_stats()
     del stats[field]

@@ -2,9 +2,12 @@
 
 A node posts what it wants to the mailbox and blocks on the key that will hold
 the outcome of its round; the steward (any node, see :mod:`.steward`) decides.
-While waiting, a node heartbeats and watches the steward's lease through its
-:class:`~.steward.office.StewardOffice`, which takes the lease over when it is vacant
-or has stopped moving for the liveness bound.
+A node is present through a store session (:mod:`.node.presence`) from its
+first rendezvous on; on a store without sessions it heartbeats instead. While
+waiting, it watches the steward's lease through its
+:class:`~.steward.office.StewardOffice`, which takes the lease over when it is
+vacant (at once when its steward's session ended) or, held without a session,
+has stopped moving for the liveness bound.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .node.arguments import check_arguments
 from .node.bootstrap import BootstrapServer, await_bootstrap_info
 from .node.closing import close_run, closed_error
 from .node.heartbeats import Heartbeats, JoinTicks
+from .node.presence import NodePresence
 from .node.rollback import roll_back_join
 from .node.spares import JoinDeadline
 from .settings import RendezvousSettings
@@ -40,6 +44,10 @@ from .status import RendezvousStatus, observe_run
 from .steward.office import StewardOffice
 
 log = logging.getLogger(__name__)
+
+#: Without store sessions, the nodes of this many lowest ranks of a round watch
+#: the steward lease between rounds (more than one: one of them may be the steward).
+_DEPUTIES = 2
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -98,10 +106,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._board = RendezvousBoard(args.store, args.settings.run_id)
         self._tick = args.settings.keep_alive_interval.total_seconds()
         self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
-        self._heartbeats = Heartbeats(self._board, args.node, self._tick)
-        self._ticks = JoinTicks(self._board, args.node, self._office, self._tick)
+        bound = args.settings.liveness_bound.total_seconds()
+        self._presence = NodePresence(self._board, args.node, bound)
+        self._heartbeats = Heartbeats(args.settings.run_id, args.node, self._tick, self._beat)
+        self._ticks = JoinTicks(self._board, args.node, self._office, self._tick, self._presence)
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
+        # Without sessions, the nodes of ranks 0 and 1 watch the lease between rounds.
+        self._deputy = False
         self._watcher: RendezvousBoard | None = None  # a connection that may block
 
     @classmethod
@@ -193,7 +205,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousStateError: the stored state is corrupt.
         """
         while True:
-            self._heartbeats.stop()
+            if not self._presence.offered:
+                self._heartbeats.stop()  # the join's ticks beat while it waits
             # The agent stopped the workers of the last round before asking again.
             self._bootstrap.close()
             started = time.monotonic()
@@ -207,6 +220,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     f"{self._node} has rank {rank} of {info.world_size} in round {outcome.round}",
                     duration=time.monotonic() - started,
                 )
+                self._deputy = rank < _DEPUTIES
                 self._heartbeats.start(outcome.round)
                 return info
             # Its rank 0 died before publishing the workers' bootstrap store: no
@@ -224,7 +238,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         now = time.monotonic()
         # A spare (beyond max_nodes) has no deadline while it waits.
         deadline = JoinDeadline(node, self._holder, self._settings.timeout.join, now)
-        counter = board.beat(node)
+        # Present before the join is posted: the steward watches whom it seats.
+        if self._presence.open():
+            counter = None
+            self._heartbeats.start(self._round or 0)
+        else:
+            counter = board.beat(node)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
         # The round comes with the lease, read before posting: read after, it
@@ -276,10 +295,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         :meth:`num_nodes_waiting`; it waits on a connection of its own, so
         heartbeats go on meanwhile.
 
-        Once per ``keep_alive_interval`` it also reads the steward lease and
-        takes it over if the steward went silent: when the steward dies with
-        the job running, no node is joining to notice, and without a steward
-        nobody would ever mark the round stale.
+        It reads the steward lease first and takes it if vacant. Held through
+        its steward's store session, the lease needs no more watching: if that
+        steward dies, the store deletes the lease and the session's will marks
+        the round stale, which ends this wait. Held without a session, the
+        lease is read again once per ``keep_alive_interval`` and taken over if
+        the steward went silent: when the steward dies with the job running,
+        no node is joining to notice, and without a steward nobody would ever
+        mark the round stale.
         """
         if self._round is None:
             return True
@@ -288,8 +311,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            self._office.watch(now)
-            if self._watcher.await_stale(self._round, min(self._tick, max(deadline - now, 0))):
+            lease = self._office.watch(now)
+            wait = max(deadline - now, 0)
+            if not lease.session_held:
+                wait = min(self._tick, wait)
+            if self._watcher.await_stale(self._round, wait):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -315,8 +341,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def shutdown(self) -> bool:
         """Release rendezvous resources; returns True when the backend shut down.
 
-        Closes the rendezvous (as PyTorch does), stops the heartbeats and hands
-        the steward lease back if this node holds it.
+        Closes the rendezvous (as PyTorch does), stops the heartbeats, hands
+        the steward lease back if this node holds it, and ends its presence.
         """
         self._heartbeats.stop()
         try:
@@ -326,6 +352,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return False
         finally:
             self._office.stop()
+            self._presence.close()
             self._bootstrap.close()
             self._ticks.close()
             if self._watcher is not None:
@@ -380,6 +407,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     def _keep_alive(self, now: float) -> None:
-        """Heartbeat and watch the lease, as while joining."""
-        self._board.beat(self._node)
+        """Heartbeat (the presence's pings go on by themselves) and watch the lease, as
+        while joining."""
+        if not self._presence.offered:
+            self._board.beat(self._node)
         self._office.watch(now)
+
+    def _beat(self) -> None:
+        """The keep-alive tick, on the scheduler's thread: a ping of the presence
+        session; without sessions a heartbeat, and the deputies' look at the lease."""
+        if self._presence.offered:
+            self._presence.keep_alive()
+            return
+        self._board.beat(self._node)
+        if self._deputy:
+            # Without this a steward dying while the job trains would be found only
+            # when a node next rendezvouses, and then its own counter timed anew.
+            self._office.watch(time.monotonic())

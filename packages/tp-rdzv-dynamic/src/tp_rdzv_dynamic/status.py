@@ -1,11 +1,14 @@
-"""What an observer sees of a run: the state, the steward, and heartbeat ages.
+"""What an observer sees of a run: the state, the steward, and the members' liveness.
 
-Heartbeats are counters, and wall clocks of other hosts are never trusted, so an
-observer cannot tell from a counter alone when it last moved. The steward,
-which samples every counter once per tick on its own monotonic clock, publishes
-the ages it measured (:func:`~.documents.codecs.encode_liveness`); :func:`build_status` joins them
-with the state. Ages are as of the steward's last tick, at most one
-``keep_alive_interval`` old.
+The steward publishes what it knows of liveness
+(:func:`~.documents.codecs.encode_liveness`): which members it watches through
+their presence sessions (a store with sessions: the store tells it when one
+ends), and for the others heartbeat ages. Heartbeats are counters, and wall
+clocks of other hosts are never trusted, so an observer cannot tell from a
+counter alone when it last moved: the steward, which samples them on its own
+monotonic clock, reports the ages it measured, as of its last tick (at most
+one ``keep_alive_interval`` old). :func:`build_status` joins the report with
+the state.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from .backends.holder import _RendezvousStateHolder
 from .documents.board import RendezvousBoard
-from .documents.codecs import Lease, decode_liveness
+from .documents.codecs import Lease, LivenessReport, decode_liveness
 from .model.node_desc import _NodeDesc
 from .model.state import RendezvousState
 
@@ -29,12 +32,16 @@ class NodeStatus:
         node: the node's name (``str()`` of its descriptor).
         rank: its rank in the completed round, else ``None``.
         heartbeat_age: seconds since its heartbeat last moved, as the steward
-            measured at its last tick; ``None`` before the steward saw it.
+            measured at its last tick; ``None`` before the steward saw it, and
+            for a node watched through its presence session.
+        present: whether the steward watches it through its presence session
+            (then it is alive until the store ends that session: no age to report).
     """
 
     node: str
     rank: int | None
     heartbeat_age: float | None
+    present: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,18 +85,21 @@ def build_status(
     backend: str,
     state: RendezvousState,
     lease: Lease | None,
-    ages: Mapping[str, float],
+    liveness: LivenessReport | Mapping[str, float],
     *,
     exists: bool = True,
 ) -> RendezvousStatus:
-    """Join the state, the lease and the steward's heartbeat ages into a snapshot."""
+    """Join the state, the lease and the steward's liveness report (or bare heartbeat
+    ages) into a snapshot."""
+    report = liveness if isinstance(liveness, LivenessReport) else LivenessReport(liveness)
 
     def describe(nodes: Iterable[_NodeDesc], ranked: bool) -> tuple[NodeStatus, ...]:
         return tuple(
             NodeStatus(
                 node.key,
                 state.participants[node] if ranked else None,
-                ages.get(node.key),
+                report.ages.get(node.key),
+                node.key in report.present,
             )
             for node in nodes
         )
@@ -119,8 +129,10 @@ def observe_run(
     """
     state = holder.observe()
     lease, liveness = board.observe()
-    ages = {} if liveness is None else decode_liveness(liveness, "the liveness key")
+    report = (
+        LivenessReport({}) if liveness is None else decode_liveness(liveness, "the liveness key")
+    )
     exists = state is not None or lease is not None
     return build_status(
-        board.run_id, backend, state or RendezvousState(), lease, ages, exists=exists
+        board.run_id, backend, state or RendezvousState(), lease, report, exists=exists
     )

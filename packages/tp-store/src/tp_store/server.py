@@ -37,6 +37,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import gc
 import logging
 import math
@@ -50,6 +51,7 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 from .__about__ import __version__
+from .log_throttle import LogThrottle
 from .protocol import (
     CONNECTION_REFUSED,
     STATS_SCHEMA,
@@ -63,6 +65,7 @@ from .protocol import (
     check_secret,
     encode_u32,
 )
+from .session_table import SessionTable
 from .state import StoreState
 
 log = logging.getLogger("tp_store.server")
@@ -126,44 +129,6 @@ class _Counters:
         self.ops = [0] * 256
 
 
-class _LogThrottle:
-    """At most ``lines`` log lines per ``interval`` seconds; the rest are counted
-    and reported in one summary line when the next interval begins."""
-
-    def __init__(self, lines: int, interval: float) -> None:
-        self._lines = lines
-        self._interval = interval
-        self._started = -math.inf  # time.monotonic() when the current interval began
-        self._logged = 0
-        self.suppressed = 0
-
-    def allow(self) -> bool:
-        """Whether a line may be logged now (else it is counted as suppressed)."""
-        self.flush()
-        if self._logged < self._lines:
-            self._logged += 1
-            return True
-        self.suppressed += 1
-        return False
-
-    def flush(self, final: bool = False) -> None:
-        """Start a new interval if the current one is over (or ``final``), summing up
-        what it suppressed."""
-        now = time.monotonic()
-        if now - self._started < self._interval and not final:
-            return
-        if self.suppressed:
-            log.warning(
-                "suppressed %d more log line(s) about bad connections in %.1f s",
-                self.suppressed,
-                now - self._started,
-                extra={"action": "log_suppressed", "reason": "too many bad connections"},
-            )
-        self._started = now
-        self._logged = 0
-        self.suppressed = 0
-
-
 class _Connection(asyncio.Protocol):
     """One client connection: the I/O around its :class:`~tp_store.protocol.ServerSession`.
 
@@ -182,6 +147,8 @@ class _Connection(asyncio.Protocol):
             stats=server.stats,
             ops=server._counters.ops,
             woken=self._woken,
+            sessions=server.sessions,
+            expired=functools.partial(self.close, level=logging.INFO, action="session_expired"),
         )
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
@@ -276,6 +243,8 @@ class _Connection(asyncio.Protocol):
         counters = self._counters
         counters.bytes_received += len(data)
         session = self._session
+        if session.store_session is not None:  # its silence timer reads the time
+            session.store_session.last_frame = time.monotonic()
         transport = self._transport
         if transport is not None and not self._writing_paused:
             # One whole hot request with nothing before it: answered directly.
@@ -546,7 +515,14 @@ class StoreServer:
         self.secret = None if secret is None else check_secret(secret)
         self.max_connections = max_connections
         self.request_timeout = float(request_timeout)
-        self.state = StoreState(self.limits.max_keys, self.limits.max_value_bytes)
+        limits = self.limits
+        self.state = StoreState(
+            limits.max_keys,
+            limits.max_value_bytes,
+            limits.max_session_keys,
+            limits.max_session_wills,
+        )
+        self.sessions = SessionTable(self.state)
         self.connections: set[_Connection] = set()
         # Accepted, not yet made (a TLS handshake under way): they hold a place
         # against max_connections. Weak: a failed handshake drops its protocol
@@ -558,7 +534,7 @@ class StoreServer:
         self.held = 0
         self._memory_check: asyncio.Handle | None = None
         self._collected = -math.inf  # time.monotonic() of the last gc.collect() for _opening
-        self.bad_connection_log = _LogThrottle(
+        self.bad_connection_log = LogThrottle(
             _BAD_CONNECTION_LOG_LINES, _BAD_CONNECTION_LOG_INTERVAL
         )
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -741,6 +717,7 @@ class StoreServer:
             "bytes_received": counters.bytes_received,
             "bytes_sent": counters.bytes_sent,
             "ops": {opcode.name.lower(): ops[opcode] for opcode in Opcode},
+            **self.sessions.stats(),
         }
 
     async def close(self) -> None:

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from .errors import StoreLimitError
+from .presence import Presence, PresenceBook
 from .semantics import INT64_MAX, INT64_MIN, compare_set_result, counter_after_add
 
 
@@ -48,9 +49,19 @@ class StoreState:
     ``max_keys`` bounds the keys and queued values held together, and
     ``max_value_bytes`` what APPEND may grow a value to: a write past either
     raises :class:`~tp_store.errors.StoreLimitError` and changes nothing.
+
+    Keys written through a store session are owned by it (``book``, bounded by
+    ``max_session_keys`` and ``max_session_wills``); a plain write or a delete
+    makes a key ordinary again, and :meth:`end_presence` applies a session's end.
     """
 
-    def __init__(self, max_keys: int | None = None, max_value_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        max_keys: int | None = None,
+        max_value_bytes: int | None = None,
+        max_session_keys: int = 1024,
+        max_session_wills: int = 1024,
+    ) -> None:
         self.data: dict[bytes, bytes] = {}
         self._queues: dict[bytes, deque[bytes]] = {}
         self._queued = 0  # values in all queues
@@ -60,6 +71,8 @@ class StoreState:
         self._waiters: dict[bytes, dict[Waiter, None]] = {}
         self._barriers: dict[bytes, dict[BarrierWaiter, None]] = {}
         self._watches: dict[bytes, list[Callable[[bytes], bool]]] = {}
+        self.book = PresenceBook(max_session_keys, max_session_wills)
+        self._owners = self.book.owners  # the same dict, tested on every write
 
     # -- reads --------------------------------------------------------------
     def exists(self, key: bytes) -> bool:
@@ -95,7 +108,8 @@ class StoreState:
         if len(data) + self._queued >= self._max_keys and key not in data:
             self._refuse_new_entry(key)
         data[key] = value
-        if self._waiters or self._watches:  # as a rule nobody waits or watches
+        # As a rule nobody waits, watches or owns keys: truth tests, no lookups.
+        if self._waiters or self._watches or self._owners:
             self._written(key, value)
 
     def add(self, key: bytes, delta: int) -> int:
@@ -109,8 +123,10 @@ class StoreState:
                 self._refuse_new_entry(key)
         value = str(total).encode()
         data[key] = value
-        # As a rule nobody waits or watches: two truth tests, no lookups.
-        if (self._waiters or self._watches) and (key in self._waiters or key in self._watches):
+        # As a rule nobody waits, watches or owns keys: truth tests, no lookups.
+        if (self._waiters or self._watches or self._owners) and (
+            key in self._waiters or key in self._watches or key in self._owners
+        ):
             self._written(key, value)
         return total
 
@@ -146,11 +162,16 @@ class StoreState:
             self._written(key, value)
 
     def delete(self, key: bytes) -> bool:
+        if self._owners:
+            self.book.release(key)
         return self.data.pop(key, None) is not None
 
     def queue_push(self, key: bytes, value: bytes) -> None:
         if len(self.data) + self._queued >= self._max_keys:
             self._refuse_new_entry(key)
+        self._push(key, value)
+
+    def _push(self, key: bytes, value: bytes) -> None:
         self._queued += 1
         queue = self._queues.get(key)
         if queue is None:
@@ -180,6 +201,36 @@ class StoreState:
         if not queue:
             del self._queues[key]
         return length, value
+
+    # -- store sessions -------------------------------------------------------
+    def session_set(self, presence: Presence, key: bytes, value: bytes) -> None:
+        """SET through a store session: ``key`` is owned by ``presence`` afterwards."""
+        self.book.may_own(presence, key)
+        self.set(key, value)
+        self.book.own(presence, key)
+
+    def session_compare_set(
+        self, presence: Presence, key: bytes, expected: bytes, desired: bytes
+    ) -> bytes:
+        """COMPARE_SET through a store session: a write it makes is owned by ``presence``."""
+        to_store, result = compare_set_result(self.data.get(key), expected, desired)
+        if to_store is not None:
+            self.session_set(presence, key, to_store)
+        return result
+
+    def end_presence(self, presence: Presence) -> None:
+        """A store session ended: delete the keys it owns, then push its wills.
+
+        Deleting wakes nobody (waits are for existence); each will's push wakes
+        its queue's waiters. Wills are pushed even at ``max_keys``: each was
+        accepted when added, and a session holds a bounded number.
+        """
+        keys, wills = self.book.end(presence)
+        data = self.data
+        for key in keys:
+            del data[key]
+        for queue, value in wills:
+            self._push(queue, value)
 
     # -- blocking -----------------------------------------------------------
     def park(self, waiter: Waiter) -> bool:
@@ -236,6 +287,8 @@ class StoreState:
         )
 
     def _written(self, key: bytes, value: bytes) -> None:
+        if key in self._owners:  # a session re-owns what it writes, after this
+            self.book.release(key)
         if key in self._waiters:
             self._key_appeared(key)
         if key in self._watches:

@@ -18,7 +18,6 @@ that cannot prove the same secret, PyTorch's included.
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import os
@@ -84,6 +83,9 @@ from .protocol import (
 from .security import PathLike, TLSConfig, load_secret
 from .semantics import INT64_MAX, INT64_MIN, check_multi_set, int_argument, timeout_error
 from .server import ServerThread, StoreServer, format_endpoint
+from .session import StoreSession, session_timeout_seconds
+from .shared_servers import shared_servers, start_server
+from .tcp_session import TCPSession
 
 log = logging.getLogger(__name__)
 
@@ -114,91 +116,7 @@ _CONNECT_BACKOFF_INITIAL = 0.01
 _CONNECT_BACKOFF_MAX = 1.0
 
 
-_Security = tuple[TLSConfig, "bytes | None"]
 _T = TypeVar("_T")
-
-
-class _SharedServers:
-    """In-process servers of ``multi_tenant`` masters, keyed by port, refcounted."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._servers: dict[int, tuple[ServerThread, int, _Security]] = {}
-        # Released by garbage collection, not yet counted down (see abandon).
-        self._abandoned: collections.deque[ServerThread] = collections.deque()
-
-    def acquire(
-        self, host: str, port: int, listen_fd: int | None, security: _Security
-    ) -> ServerThread:
-        try:
-            with self._lock:
-                if port and port in self._servers:
-                    thread, users, shared = self._servers[port]
-                    if shared != security:
-                        raise ValueError(
-                            f"a multi_tenant master on port {port} already runs with other "
-                            "TLS files or another secret"
-                        )
-                    self._servers[port] = (thread, users + 1, shared)
-                    return thread
-                thread = _start_server(host, port, listen_fd, security)
-                self._servers[thread.server.port] = (thread, 1, security)
-                return thread
-        finally:
-            self._count_abandoned()
-
-    def release(self, thread: ServerThread) -> None:
-        """One user fewer (``close``); the last one stops the server."""
-        with self._lock:
-            last = self._count_down(thread)
-        if last:
-            thread.stop()
-        self._count_abandoned()
-
-    def abandon(self, thread: ServerThread) -> None:
-        """:meth:`release` for a master collected without ``close``, never blocking.
-
-        Garbage collection runs finalizers in whatever thread allocates, also
-        while this thread holds the lock in :meth:`acquire`, or in the server
-        thread that :meth:`acquire` waits for: waiting for the lock there would
-        deadlock. The holder of the lock counts it down as it lets go instead.
-        """
-        self._abandoned.append(thread)
-        self._count_abandoned()
-
-    def _count_abandoned(self) -> None:
-        while self._abandoned and self._lock.acquire(blocking=False):
-            last: list[ServerThread] = []
-            try:
-                while self._abandoned:
-                    thread = self._abandoned.popleft()
-                    if self._count_down(thread):
-                        last.append(thread)
-            finally:
-                self._lock.release()
-            for thread in last:
-                thread.stop()
-
-    def _count_down(self, thread: ServerThread) -> bool:
-        """Whether ``thread``'s server lost its last user (lock held)."""
-        port = thread.server.port
-        _, users, security = self._servers[port]
-        if users > 1:
-            self._servers[port] = (thread, users - 1, security)
-            return False
-        del self._servers[port]
-        return True
-
-
-_shared_servers = _SharedServers()
-
-
-def _start_server(host: str, port: int, listen_fd: int | None, security: _Security) -> ServerThread:
-    tls, secret = security
-    context = tls.server_context() if tls.cert is not None else None
-    thread = ServerThread(StoreServer(host, port, listen_fd=listen_fd, ssl=context, secret=secret))
-    thread.start()
-    return thread
 
 
 def _dial_host(host: str) -> str:
@@ -337,6 +255,7 @@ class TCPStore(Store):
         self._use_libuv = bool(use_libuv)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
+        self._reconnects = True  # a store session's connection never does
         self._recv_timeout = 0.0
         self._server: ServerThread | None = None
         self._stop_server: Callable[[], object] | None = None  # by close
@@ -416,11 +335,11 @@ class TCPStore(Store):
         finalizer: weakref.finalize[..., TCPStore]
         try:
             if multi_tenant:
-                thread = _shared_servers.acquire(self._host, self._port, listen_fd, security)
-                self._stop_server = functools.partial(_shared_servers.release, thread)
-                finalizer = weakref.finalize(self, _shared_servers.abandon, thread)
+                thread = shared_servers.acquire(self._host, self._port, listen_fd, security)
+                self._stop_server = functools.partial(shared_servers.release, thread)
+                finalizer = weakref.finalize(self, shared_servers.abandon, thread)
             else:
-                thread = _start_server(self._host, self._port, listen_fd, security)
+                thread = start_server(self._host, self._port, listen_fd, security)
                 self._stop_server = thread.stop
                 finalizer = weakref.finalize(self, thread.stop)
             self._server_finalizer = finalizer
@@ -567,6 +486,12 @@ class TCPStore(Store):
         """The connected socket (reconnecting if it was lost), receiving within ``recv_timeout``."""
         sock = self._sock
         if sock is None:
+            if not self._reconnects:
+                raise StoreConnectionError(
+                    f"the connection to the store at {self.endpoint} is closed",
+                    self._host,
+                    self._port,
+                )
             self._connect()
             sock = self._sock
             assert sock is not None
@@ -856,6 +781,25 @@ class TCPStore(Store):
             return decode_stats(document)
         except ProtocolError as exc:
             raise StoreError(f"the server at {self.endpoint} sent bad statistics: {exc}") from exc
+
+    def open_session(self, timeout: Timeout) -> StoreSession:
+        """A store session (see :class:`~tp_store.StoreSession`) on a connection of its
+        own, made as :meth:`clone` makes one (same TLS and secret).
+
+        ``keep_alive`` is a PING on that connection; the server ends the session
+        when the connection closes or after ``timeout`` without a frame on it.
+        Raises :class:`~tp_store.UnsupportedOperationError` at once when the
+        server is PyTorch's (it did not accept the protocol extensions).
+        """
+        seconds = session_timeout_seconds(timeout)
+        if not self._session.extended:
+            raise UnsupportedOperationError(
+                f"the server at {self.endpoint} does not offer store sessions "
+                "(not a tp-store server)"
+            )
+        link = self.clone()
+        link._reconnects = False
+        return TCPSession(link, seconds, USER_KEY_PREFIX)
 
     def clone(self) -> TCPStore:
         """A new client connection to the same server (never a master), with the same

@@ -15,11 +15,19 @@ from typing import TypeVar
 
 from tp_rdzv_api import RendezvousConnectionError
 from tp_rdzv_dynamic.model.decisions import Message
+from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RoundOutcome
-from tp_store import Store, StoreError, StoreTimeoutError
+from tp_store import Store, StoreError, StoreSession, StoreTimeoutError, UnsupportedOperationError
 
-from .codecs import WAKE_MESSAGE, Lease, decode_message, decode_outcome, encode_message
+from .codecs import (
+    WAKE_MESSAGE,
+    Lease,
+    Mail,
+    decode_message,
+    decode_outcome,
+    encode_message,
+)
 from .layout import RunLayout
 
 log = logging.getLogger(__name__)
@@ -55,6 +63,47 @@ class RendezvousBoard:
         """A board on a new connection of its own to the same store, for ``what``."""
         with self._store_errors(f"opening {what}"):
             return RendezvousBoard(self.store.clone(), self.run_id)
+
+    def open_session(self, timeout: float, what: str) -> StoreSession | None:
+        """A store session for ``what`` ending after ``timeout`` seconds of silence;
+        ``None`` if the store offers none (then liveness falls back to counters)."""
+        with self._store_errors(f"opening {what}"):
+            try:
+                return self.store.open_session(timeout)
+            except UnsupportedOperationError:
+                return None
+
+    # -- presence: ephemeral keys and wills -------------------------------------
+    def be_present(self, session: StoreSession, node: _NodeDesc, token: str) -> None:
+        """Make ``node`` present through ``session``: its key holds ``token`` while the
+        session lives, and the session's will tells the steward it is gone."""
+        gone = encode_message(Gone(node, token))
+        with self._store_errors("announcing this node's presence"):
+            session.set(self.keys.presence(node.key), token)
+            session.add_will(self.keys.mailbox, gone)
+
+    def present_again(self, gone: Gone) -> bool:
+        """Whether ``gone.node`` is present through another session than ``gone.token``'s.
+
+        One round trip that never waits: a compare-and-set of the presence
+        key from the token to itself returns what the key holds, and the
+        token itself when it is missing (the usual case: the store deleted it).
+        """
+        key, token = self.keys.presence(gone.node.key), gone.token
+        held = self._call("checking a departure", lambda: self.store.compare_set(key, token, token))
+        return held != token.encode()
+
+    def all_present(self, nodes: Sequence[_NodeDesc]) -> bool:
+        """Whether every one of ``nodes`` has a presence key (one round trip)."""
+        keys = [self.keys.presence(node.key) for node in nodes]
+        return self._call("checking presence", lambda: self.store.check(keys)) if keys else True
+
+    def mark_stale_when_ended(self, session: StoreSession, round_: int) -> None:
+        """Have ``session``'s end mark the completed ``round_`` stale (a will pushing onto
+        its stale key, which ``wait`` and ``check`` then find)."""
+        key = self.keys.stale(round_)
+        with self._store_errors(f"leaving round {round_}'s stale mark as a will"):
+            session.add_will(key, "1")
 
     # -- what every node does -------------------------------------------------
     def beat(self, node: _NodeDesc) -> int:
@@ -182,14 +231,14 @@ class RendezvousBoard:
         """Whether the mailbox holds a message within ``timeout`` seconds."""
         return self._appears(self.keys.mailbox, timeout, "waiting for the mailbox")
 
-    def take_mail(self) -> list[tuple[Message | None, str | None]]:
+    def take_mail(self) -> list[tuple[Mail | None, str | None]]:
         """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped.
 
         Two round trips however many there are: the queue's length, then that
         many pops pipelined (one round trip per message made a storm of joins
         cost the steward seconds).
         """
-        messages: list[tuple[Message | None, str | None]] = []
+        messages: list[tuple[Mail | None, str | None]] = []
         mailbox = self.keys.mailbox
         with self._store_errors("reading the mailbox"):
             queued = self.store.queue_len(mailbox)
@@ -206,7 +255,7 @@ class RendezvousBoard:
                 )
         return messages
 
-    def put_back(self, messages: Sequence[tuple[Message, str | None]]) -> None:
+    def put_back(self, messages: Sequence[tuple[Mail, str | None]]) -> None:
         """Return ``messages`` taken from the mailbox to it, each with its receipt.
 
         For a steward that stopped (lost the lease) before persisting them:

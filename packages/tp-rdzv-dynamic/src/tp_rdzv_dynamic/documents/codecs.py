@@ -24,6 +24,7 @@ from typing import Any
 
 from tp_rdzv_api import RendezvousStateError
 from tp_rdzv_dynamic.model.decisions import Join, Leave, Message
+from tp_rdzv_dynamic.model.gone import MAX_TOKEN_LENGTH, Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc, node_from_fields
 from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 
@@ -37,6 +38,11 @@ SCHEMA = 1
 LIVENESS_FORMAT = "tp-rdzv-liveness"
 #: What wakes a steward blocked on the mailbox (it ignores the message).
 WAKE_MESSAGE = b'{"op":"wake"}'
+#: The beat of a lease held through its holder's store session: the store
+#: deletes the lease when that session ends, so nobody judges it by silence.
+SESSION_BEAT = "*"
+#: What the mailbox carries: a node's message, or the store's word that a node is gone.
+Mail = Message | Gone
 
 
 def _node_fields(node: _NodeDesc) -> list[Any]:
@@ -217,6 +223,8 @@ class Lease:
     epoch: int
     holder: str  # a node key, or "" when vacant
     round: int = 0
+    #: Held through the holder's store session: vacant (deleted) the moment it ends.
+    session_held: bool = False
 
     @classmethod
     def parse(cls, raw: bytes) -> Lease:
@@ -236,21 +244,25 @@ class Lease:
             holder = "" if parts[1] == b"-" else parts[1].decode()
         except (ValueError, UnicodeDecodeError):
             return cls(raw, 0, "")
-        return cls(raw, max(epoch, 0), holder, max(round_, 0))
+        session_held = bool(holder) and parts[2] == SESSION_BEAT.encode()
+        return cls(raw, max(epoch, 0), holder, max(round_, 0), session_held)
 
     @staticmethod
-    def encode(epoch: int, holder: str, beat: int, round_: int) -> bytes:
-        """The lease of ``holder`` (``""``: vacant) at heartbeat ``beat``, hinting ``round_``."""
+    def encode(epoch: int, holder: str, beat: int | str, round_: int) -> bytes:
+        """The lease of ``holder`` (``""``: vacant) at heartbeat ``beat``, hinting ``round_``.
+
+        ``beat`` is :data:`SESSION_BEAT` for a lease held through a store session.
+        """
         return f"{epoch} {holder or '-'} {beat} {round_}".encode()
 
 
-def encode_message(event: Message, receipt: str | None = None) -> bytes:
-    """A mailbox message carrying ``event``."""
+def encode_message(event: Mail, receipt: str | None = None) -> bytes:
+    """A mailbox message carrying ``event`` (a :class:`Gone` is a presence session's will)."""
     node = event.node
-    document: dict[str, object] = {
-        "op": "join" if isinstance(event, Join) else "leave",
-        "node": [node.addr, node.pid, node.local_id],
-    }
+    op = "join" if isinstance(event, Join) else "gone" if isinstance(event, Gone) else "leave"
+    document: dict[str, object] = {"op": op, "node": [node.addr, node.pid, node.local_id]}
+    if isinstance(event, Gone):
+        document["token"] = event.token
     if isinstance(event, Join):
         document["round"] = event.round
         if event.hint is not None:
@@ -260,7 +272,7 @@ def encode_message(event: Message, receipt: str | None = None) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def decode_message(raw: bytes) -> tuple[Message | None, str | None]:
+def decode_message(raw: bytes) -> tuple[Mail | None, str | None]:
     """The event (``None`` for a wake-up) and receipt in a mailbox message.
 
     Raises ``ValueError`` if the message is malformed, longer than
@@ -291,6 +303,11 @@ def decode_message(raw: bytes) -> tuple[Message | None, str | None]:
     op = document.get("op")
     if op == "leave":
         return Leave(node), receipt
+    if op == "gone":
+        token = document.get("token")
+        if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_LENGTH:
+            raise ValueError(f"bad token {token!r:.200}")
+        return Gone(node, token), receipt
     if op != "join":
         raise ValueError(f"unknown op {op!r:.200}")
     hint = document.get("hint")
@@ -302,23 +319,43 @@ def decode_message(raw: bytes) -> tuple[Message | None, str | None]:
     return Join(node, hint, round_), receipt
 
 
-def encode_liveness(ages: Mapping[str, float]) -> bytes:
-    """The steward's liveness report: seconds since each node's counter moved."""
-    document = {
+@dataclass(frozen=True)
+class LivenessReport:
+    """What the steward knows of the members' liveness.
+
+    ``present``: the nodes it watches through their presence sessions (the
+    store tells it when one ends); ``ages``: for the others (stores without
+    sessions), seconds since each one's heartbeat counter last moved.
+    """
+
+    ages: Mapping[str, float]
+    present: frozenset[str] = frozenset()
+
+
+def encode_liveness(report: LivenessReport) -> bytes:
+    """The steward's liveness report."""
+    document: dict[str, object] = {
         "format": LIVENESS_FORMAT,
-        "ages": {key: round(age, 3) for key, age in ages.items()},
+        "ages": {key: round(age, 3) for key, age in report.ages.items()},
     }
+    if report.present:
+        document["present"] = sorted(report.present)
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def decode_liveness(raw: bytes, where: str) -> dict[str, float]:
-    """The ages in a liveness report; ``RendezvousStateError`` naming ``where`` if malformed."""
+def decode_liveness(raw: bytes, where: str) -> LivenessReport:
+    """A liveness report; ``RendezvousStateError`` naming ``where`` if malformed."""
     try:
         document = load_document(raw)
     except DocumentError as exc:
         raise RendezvousStateError(f"the liveness report at {where} {exc}") from exc
     ages = document.get("ages") if isinstance(document, dict) else None
-    if not isinstance(ages, dict) or document.get("format") != LIVENESS_FORMAT:
+    present = document.get("present", []) if isinstance(document, dict) else None
+    if (
+        not isinstance(ages, dict)
+        or not isinstance(present, list)
+        or document.get("format") != LIVENESS_FORMAT
+    ):
         raise RendezvousStateError(f"the liveness report at {where} is malformed: {raw[:200]!r}")
     seconds: dict[str, float] = {}
     for key, age in ages.items():
@@ -326,7 +363,7 @@ def decode_liveness(raw: bytes, where: str) -> dict[str, float]:
         if value is None:
             raise RendezvousStateError(f"the liveness report at {where} has a bad age {age!r:.40}")
         seconds[str(key)] = value
-    return seconds
+    return LivenessReport(seconds, frozenset(str(key) for key in present))
 
 
 def _seconds(age: object) -> float | None:

@@ -59,8 +59,12 @@ class RunLayout:
         return f"{self.prefix}result/{round_}"
 
     def heartbeat(self, node_key: str) -> str:
-        """The heartbeat counter of the node whose key is ``node_key``."""
+        """The heartbeat counter of the node whose key is ``node_key`` (stores without sessions)."""
         return f"{self.prefix}hb/{node_key}"
+
+    def presence(self, node_key: str) -> str:
+        """The ephemeral key of the node whose key is ``node_key``: its session's token."""
+        return f"{self.prefix}present/{node_key}"
 
     def stale(self, round_: int) -> str:
         """Set once the completed ``round_`` no longer describes the job."""

@@ -1,7 +1,8 @@
-"""Heartbeats: one thread per process ticks for every handler in it.
+"""Keep-alive ticks: one thread per process ticks for every handler in it.
 
-A node heartbeats while it waits for a round (and then also watches the steward
-lease) and after it returned from one. A node's own thread doing that would
+A node keeps its presence alive (a ping of its presence session; on a store
+without sessions, a heartbeat counter) while it waits for a round, when it
+also watches the steward lease, and after it returned from one. A node's own thread doing that would
 wake, cancel its wait for the outcome and wait again at every tick; a thread
 per node and per round would start thousands of threads at the end of every
 round of a process that simulates thousands of nodes; and threads started
@@ -28,6 +29,8 @@ from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.steward.office import StewardOffice
+
+from .presence import NodePresence
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +115,28 @@ os.register_at_fork(after_in_child=HEARTBEATS._reset)
 
 
 class Heartbeats:
-    """A node's heartbeats while its round runs: its counter, every ``interval`` seconds."""
+    """A node's keep-alive, every ``interval`` seconds: ``beat`` on the scheduler's thread.
 
-    def __init__(self, board: RendezvousBoard, node: _NodeDesc, interval: float) -> None:
-        self._board = board
+    ``beat`` pings the node's presence session (then it runs from the node's
+    first rendezvous to its shutdown), or, on a store without sessions, moves
+    its heartbeat counter while its round runs.
+    """
+
+    def __init__(
+        self, run_id: str, node: _NodeDesc, interval: float, beat: Callable[[], None]
+    ) -> None:
+        self._run_id = run_id
         self._node = node
         self._interval = interval
+        self._beat_once = beat
         self._ticket: int | None = None
         self._round = 0
 
     def start(self, round_: int) -> None:
-        """Beat for the nodes of ``round_`` (it names the round in its log records)."""
+        """Beat, for the nodes of ``round_`` (it names the round in its log records)."""
         self._round = round_
-        self._ticket = HEARTBEATS.start(self._beat, self._interval)
+        if self._ticket is None:
+            self._ticket = HEARTBEATS.start(self._beat, self._interval)
 
     def stop(self) -> None:
         """Stop beating (one under way finishes)."""
@@ -134,18 +146,20 @@ class Heartbeats:
 
     def _beat(self) -> None:
         try:
-            self._board.beat(self._node)
+            self._beat_once()
         except RendezvousError as exc:
-            _warn(self._board.run_id, self._node, self._round, f"heartbeat failed: {exc}")
+            _warn(self._run_id, self._node, self._round, f"heartbeat failed: {exc}")
 
 
 class JoinTicks:
     """A waiting node's ticks, from the scheduler's thread on a board of their own.
 
-    Each tick: a heartbeat, the lease (taken over if its steward went silent),
-    and the join posted again to a new steward, or to the steward in office
-    if it found this node dead (the counter went down: it was reset). The
-    node's own thread stays
+    Each tick: the lease (taken over if vacant, or if its steward went silent
+    on a store without sessions), and the join posted again to a new
+    steward, or to the steward in office if this node was found gone: its
+    presence session ended and was renewed, or (without sessions) its
+    heartbeat counter, which each tick moves, went down (a steward reset it).
+    The node's own thread stays
     parked in one wait for its outcome meanwhile; it used to wake every tick,
     cancel that wait, do the same and wait again, and hundreds of node threads
     of a process doing so fought for the GIL.
@@ -155,6 +169,7 @@ class JoinTicks:
         node: this node.
         office: the node's steward office (used from the ticks only while waiting).
         interval: the keep-alive interval.
+        presence: the node's presence (its pings are the heartbeats' job).
     """
 
     def __init__(
@@ -163,24 +178,28 @@ class JoinTicks:
         node: _NodeDesc,
         office: StewardOffice,
         interval: float,
+        presence: NodePresence,
     ) -> None:
         self._node_board = board
         self._node = node
         self._office = office
         self._interval = interval
+        self._presence = presence
         self._board: RendezvousBoard | None = None
         self._lock = threading.Lock()  # the join asked for, and the office while a tick uses it
         self._join: Join | None = None
-        self._counter = 0  # the heartbeat counter as this node last saw it
+        # The heartbeat counter as this node last saw it, or its presence's renewals.
+        self._counter = 0
         self._ticket: int | None = None
 
-    def start(self, join: Join, counter: int) -> None:
-        """Tick while ``join`` waits, the heartbeat ``counter`` as the node last saw it;
-        the first tick at a random point of the second half of the interval, so
-        that nodes that started together tick apart."""
+    def start(self, join: Join, counter: int | None) -> None:
+        """Tick while ``join`` waits, the heartbeat ``counter`` as the node last saw it
+        (``None``: the node is present through a session); the first tick at a random
+        point of the second half of the interval, so that nodes that started together
+        tick apart."""
         with self._lock:
             self._join = join
-            self._counter = counter
+            self._counter = self._presence.renewals if counter is None else counter
         self._ticket = HEARTBEATS.start(
             self._tick, self._interval, first=self._interval * random.uniform(0.5, 1.0)
         )
@@ -210,12 +229,14 @@ class JoinTicks:
             if self._board is None:
                 self._board = self._node_board.clone("the ticks' connection")
             board = self._board
-            counter = board.beat(self._node)
+            present = self._presence.offered
+            counter = self._presence.renewals if present else board.beat(self._node)
             with self._lock:
                 if self._join is None:
                     return  # the node has its outcome, or gave up
                 round_ = self._join.round
-                found_dead, self._counter = counter <= self._counter, counter
+                found_dead = counter != self._counter if present else counter <= self._counter
+                self._counter = counter
                 self._office.watch(time.monotonic(), rejoin=self._join, board=board)
                 if found_dead:
                     self._rejoin(self._join, board)
@@ -229,7 +250,7 @@ class JoinTicks:
             log,
             logging.WARNING,
             "rejoining",
-            f"the steward found {self._node} dead while it waited; it joins again",
+            f"{self._node} was found gone while it waited; it joins again",
             run_id=board.run_id,
             node=self._node,
             round_=join.round,

@@ -17,6 +17,8 @@ class LivenessTracker:
         self._bound = bound
         # key -> (last value seen, observer time when it last changed)
         self._seen: dict[str, tuple[object, float]] = {}
+        # key -> the observer time to date its first sample at (see suspect)
+        self._suspects: dict[str, float] = {}
 
     def observe(self, counters: Mapping[str, object], now: float) -> list[str]:
         """Record one sample of ``counters`` taken at ``now``; return the silent ones.
@@ -29,7 +31,9 @@ class LivenessTracker:
         silent = []
         for key, value in counters.items():
             last = seen.get(key)
-            if last is None or last[0] != value:
+            if last is None:
+                fresh[key] = (value, self._suspects.pop(key, now))
+            elif last[0] != value:
                 fresh[key] = (value, now)
             else:
                 fresh[key] = last
@@ -37,6 +41,11 @@ class LivenessTracker:
                     silent.append(key)
         self._seen = fresh
         return silent
+
+    def suspect(self, key: str, now: float, grace: float) -> None:
+        """Judge ``key`` silent if its counter does not move within ``grace`` seconds of
+        its first sample (its holder was already seen silent, as a steward's lease)."""
+        self._suspects[key] = now - self._bound + grace
 
     def tracks(self, key: str) -> bool:
         """Whether the last sample had ``key``."""

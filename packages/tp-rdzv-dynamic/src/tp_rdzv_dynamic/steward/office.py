@@ -1,10 +1,12 @@
 """The steward office: who decides for the run, and the steward thread when it is this node.
 
-Each node has one :class:`StewardOffice`. It reads the lease, judges on this
-host's monotonic clock whether its holder still beats it, takes it over
-(compare-and-set from the value last seen) when it is vacant or frozen for the
-liveness bound, re-posts the node's join to every new steward, and starts and
-stops the steward thread. That thread holds the lease through a
+Each node has one :class:`StewardOffice`. It reads the lease and takes it over
+(compare-and-set from the value last seen) when it is vacant: on a store with
+sessions the store deletes the lease the moment its holder's session ends, so
+a dead steward's lease is vacant at once. A lease held without a session is
+judged on this host's monotonic clock instead, and taken over once it has
+stopped moving for the liveness bound. The office re-posts the node's join to
+every new steward, and starts and stops the steward thread. That thread holds the lease through a
 :class:`~.tenure.Tenure`, which writes every later value of it. No other code writes the
 lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
 """
@@ -12,6 +14,7 @@ lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
 from __future__ import annotations
 
 import logging
+import threading
 
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
@@ -30,7 +33,8 @@ log = logging.getLogger(__name__)
 class StewardOffice:
     """This node's view of the steward lease, and its steward thread while it holds it.
 
-    Not thread-safe: the handler's calls come from the agent's thread.
+    Thread-safe: the agent's thread and the process's scheduler thread (the
+    ticks of a waiting node, the deputy's watch between rounds) both use it.
 
     Args:
         node: this node.
@@ -57,16 +61,19 @@ class StewardOffice:
         self._since = 0.0
         self._epoch = -1
         self._posted_epoch = -1  # the epoch of the steward the last join went to
+        self._lock = threading.RLock()
 
     @property
     def running(self) -> bool:
         """Whether this node's steward thread is deciding (it ends when it loses the lease)."""
-        return self._steward is not None and self._steward.running
+        steward = self._steward
+        return steward is not None and steward.running
 
     def post(self, join: Join, board: RendezvousBoard | None = None) -> None:
         """Post ``join`` to the steward in office (through ``board``, by default the node's)."""
-        (board or self._board).post(join)
-        self._posted_epoch = self._epoch
+        with self._lock:
+            (board or self._board).post(join)
+            self._posted_epoch = self._epoch
 
     def watch(
         self, now: float, rejoin: Join | None = None, board: RendezvousBoard | None = None
@@ -79,13 +86,18 @@ class StewardOffice:
         took it after the new one took office: then it puts it back). Returns
         the lease as it stands afterwards.
         """
-        board = board or self._board
+        with self._lock:
+            return self._watch(now, rejoin, board or self._board)
+
+    def _watch(self, now: float, rejoin: Join | None, board: RendezvousBoard) -> Lease:
         lease = board.read_lease()
         self._note(lease, now)
         mine = lease.holder == self._node.key
         if not lease.holder or (mine and not self.running):
             lease = self._take(board, lease, now)
-        elif not mine and now - self._since >= self._bound:
+        elif not mine and not lease.session_held and now - self._since >= self._bound:
+            # Held without a session: silent for the liveness bound, its holder is dead
+            # or frozen. The holder's own counter is judged within an interval.
             log_event(
                 log,
                 logging.WARNING,
@@ -96,24 +108,30 @@ class StewardOffice:
                 node=self._node,
                 round_=lease.round,
             )
-            lease = self._take(board, lease, now)
+            lease = self._take(board, lease, now, suspect=lease.holder)
         if rejoin is not None and self._posted_epoch != self._epoch:
             self.post(rejoin, board)
         return lease
 
     def stop(self, waker: RendezvousBoard | None = None) -> None:
         """Stop this node's steward thread, if any; it hands the lease back vacant."""
-        if self._steward is not None:
-            self._steward.stop(waker=waker or self._board)
-            self._steward = None
+        with self._lock:
+            if self._steward is not None:
+                self._steward.stop(waker=waker or self._board)
+                self._steward = None
 
     def _note(self, lease: Lease, now: float) -> None:
         self._epoch = lease.epoch
         if lease.raw != self._seen:
             self._seen, self._since = lease.raw, now
 
-    def _take(self, board: RendezvousBoard, lease: Lease, now: float) -> Lease:
-        """Take over from ``lease`` and start deciding; the lease that holds afterwards."""
+    def _take(
+        self, board: RendezvousBoard, lease: Lease, now: float, suspect: str | None = None
+    ) -> Lease:
+        """Take over from ``lease`` and start deciding; the lease that holds afterwards.
+
+        ``suspect`` names the holder of a lease taken for its silence.
+        """
         desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
         held = board.swap_lease(lease.raw, desired)
         if held != desired:
@@ -123,8 +141,10 @@ class StewardOffice:
             return winner
         self.stop(board)
         board = self._board.clone("the steward's connection")
-        tenure = Tenure(board, self._node.key, desired)
-        steward = Steward(self._node, self._settings, board, self._holder.clone(), tenure)
+        tenure = Tenure(board, self._node.key, desired, self._bound)
+        steward = Steward(
+            self._node, self._settings, board, self._holder.clone(), tenure, suspect=suspect
+        )
         steward.start()
         self._steward = steward
         taken = Lease.parse(desired)

@@ -1,10 +1,17 @@
 """The steward: the executor that applies the decisions for the whole run.
 
 It runs in a thread of the node holding the lease, on store connections of its
-own: it waits for the mailbox, takes what is there in one batch, samples the
-heartbeats once per tick, runs the last-call timer on this host's monotonic
-clock, asks :func:`~tp_rdzv_dynamic.model.decisions.apply` for the next state, persists it with
-compare-and-set, then publishes what the nodes wait for.
+own: it waits for the mailbox, takes what is there in one batch, runs the
+last-call timer on this host's monotonic clock, asks
+:func:`~tp_rdzv_dynamic.model.decisions.apply` for the next state, persists it
+with compare-and-set, then publishes what the nodes wait for.
+
+Departures reach it two ways. A node present through a store session (the
+default store) is gone when the store pushes that session's will into the
+mailbox: the steward blocks on the mailbox and reads nothing per node while a
+job trains. Only the members without a presence key (stores without
+sessions) are watched by sampling their heartbeat counters, four times per
+interval.
 """
 
 from __future__ import annotations
@@ -17,16 +24,23 @@ import time
 from tp_rdzv_api import RendezvousError, RendezvousStateError
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
-from tp_rdzv_dynamic.documents.codecs import decode_outcome, encode_liveness, encode_outcome
+from tp_rdzv_dynamic.documents.codecs import (
+    LivenessReport,
+    Mail,
+    decode_outcome,
+    encode_liveness,
+    encode_outcome,
+)
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.decisions import (
     Event,
+    Join,
     Leave,
-    Message,
     Transition,
     apply,
     needs_last_call,
 )
+from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 from tp_rdzv_dynamic.settings import RendezvousSettings
@@ -54,6 +68,9 @@ class Steward:
         board: the side channels, on a store connection of the steward's own.
         holder: the state holder, on a backend connection of the steward's own.
         tenure: the lease this node took, on ``board``.
+        suspect: the key of the node whose steward went silent for the liveness
+            bound (the takeover's reason): its heartbeat counter is judged
+            dead after one interval without moving instead of the whole bound.
     """
 
     def __init__(
@@ -63,6 +80,8 @@ class Steward:
         board: RendezvousBoard,
         holder: _RendezvousStateHolder,
         tenure: Tenure,
+        *,
+        suspect: str | None = None,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -72,16 +91,23 @@ class Steward:
         self._tick = settings.keep_alive_interval.total_seconds()
         self._scan_every = self._tick / _SCANS_PER_TICK
         self._liveness = LivenessTracker(settings.liveness_bound.total_seconds())
+        self._suspect = suspect
+        # Members watched through their presence sessions (their departures come as
+        # mail); the others' heartbeat counters are sampled.
+        self._present: set[str] = set()
+        self._reported_present: frozenset[str] | None = None  # none yet: report at once
+        self._sampling = True  # whether some member is watched by its counter
         self._stop = threading.Event()
         self._state = RendezvousState()  # what this steward decided
         self._saved = self._state  # what the backend holds
         self._unsaved: list[Event] = []  # events applied since the last save
         # The mailbox messages of the batch under way, until persisted (or left to their senders).
-        self._taken: list[tuple[Message, str | None]] = []
+        self._taken: list[tuple[Mail, str | None]] = []
         self._token: object = None
         self._last_call_at: float | None = None
         self._liveness_report: bytes | None = None  # published with the next counters
         self._stale_round = -1  # the last completed round marked stale
+        self._will_round = -1  # the last completed round the steward's session marks if it ends
         self._thread = threading.Thread(
             target=self._run, name=f"tp-rdzv-steward-{node}", daemon=True
         )
@@ -123,12 +149,14 @@ class Steward:
             log.warning("rendezvous %r: steward %s stopped: %s", self.board.run_id, self.node, exc)
         finally:
             self._hand_back()
+            self._tenure.close()
             self.board.store.close()
             self.holder.close()
 
     # -- the steps ----------------------------------------------------------------
     def _take_office(self) -> None:
         """Load the state and stamp it with this epoch, which fences older stewards out."""
+        self._tenure.hold_through_session()
         state, token = self.holder.load()
         for _ in range(_MAX_RETRIES):
             self._state = state
@@ -146,9 +174,13 @@ class Steward:
         else:
             raise LeaseLost
         now = time.monotonic()
-        self._next_scan = self._next_flush = now
+        self._next_scan = self._next_report = self._next_flush = now
         self._next_beat = now + self._tick
         state = self._state
+        self._watch_presence(list(state.members()))
+        self._refresh_sampling()
+        if self._suspect is not None:
+            self._liveness.suspect(self._suspect, now, self._tick)
         if state.complete:
             key = self.board.keys.outcome(state.round)
             published = self.board.publish(state.round, encode_outcome(state.outcome()))
@@ -163,6 +195,7 @@ class Steward:
                 self._mark_stale(state.round)
             else:
                 self._check_stale(state)
+            self._leave_will(state)
         self._publish_counters()
         self._update_last_call(now)
         self._event(
@@ -173,7 +206,11 @@ class Steward:
 
     def _step(self) -> None:
         now = time.monotonic()
-        wake_at = min(self._next_scan, self._next_beat)
+        wake_at = self._next_beat
+        if self._state != self._saved:
+            wake_at = min(wake_at, self._next_flush)
+        if self._sampling:
+            wake_at = min(wake_at, self._next_scan)
         if self._last_call_at is not None:
             wake_at = min(wake_at, self._last_call_at)
         events: list[Event] = []
@@ -194,20 +231,20 @@ class Steward:
                 # before posting: if another node took the lease before this drain,
                 # only this steward knows of what it took (``_hand_back``).
                 self._beat()
-            events.extend(event for event, _ in self._taken)
+            events.extend(self._events(self._taken))
         now = time.monotonic()
-        flush = False
-        if now >= self._next_scan:
-            # Once per interval, at a scan: persist gathered joins, report ages.
-            flush = now >= self._next_flush
-            if flush:
-                self._next_flush = now + self._tick
-            dead = self._find_dead(now, report=flush)
+        if self._sampling and now >= self._next_scan:
+            dead = self._find_dead(now)
             events.extend(dead)
             self._next_scan = now + self._scan_every
+        flush = self._state != self._saved and now >= self._next_flush
+        if flush:
+            self._next_flush = now + self._tick
         expired = self._last_call_at is not None and now >= self._last_call_at
         if events or expired or flush:
             self._decide(events, expired, flush=flush)
+        elif self._liveness_report is not None:
+            self._publish_counters()
         if dead:
             # After the leave is persisted: a node found dead that was only
             # slow sees its counter start again at its next beat and re-posts
@@ -216,12 +253,68 @@ class Steward:
         self.board.confirm(receipts)
         self._beat_if_due()
 
+    def _events(self, mail: list[tuple[Mail, str | None]]) -> list[Event]:
+        """The events of a batch of mail: a departure the store announced is a leave,
+        unless its node is present again through another session."""
+        events: list[Event] = []
+        for message, _ in mail:
+            if not isinstance(message, Gone):
+                events.append(message)
+            elif self.board.present_again(message):
+                self._node_event(
+                    logging.INFO,
+                    "presence_renewed",
+                    message.node,
+                    f"node {message.node} is present through a new session; it stays",
+                )
+            else:
+                self._present.discard(message.node.key)
+                self._node_event(
+                    logging.WARNING,
+                    "node_gone",
+                    message.node,
+                    f"node {message.node} is gone (its presence session ended); removing it",
+                )
+                events.append(Leave(message.node))
+        joiners = [
+            event.node
+            for event in events
+            if isinstance(event, Join) and event.node.key not in self._present
+        ]
+        self._watch_presence(joiners)
+        return events
+
+    def _watch_presence(self, nodes: list[_NodeDesc]) -> None:
+        """Watch those of ``nodes`` that have a presence key through their sessions.
+
+        One round trip when all have one (as on a store with sessions); a node
+        without one (a client without sessions, or a join a dead node posted
+        before its departure was decided) has its heartbeat counter sampled.
+        """
+        if not nodes or not self._tenure.session_held:
+            return
+        if self.board.all_present(nodes):
+            self._present.update(node.key for node in nodes)
+        else:
+            self._present.update(node.key for node in nodes if self.board.all_present([node]))
+
+    def _refresh_sampling(self) -> None:
+        """After the membership changed: whether some member's counter must be sampled."""
+        members = {node.key for node in self._state.members()}
+        self._present &= members
+        self._sampling = len(self._present) < len(members)
+
     def _beat(self) -> None:
         self._tenure.beat(self._round_hint())
         self._next_beat = time.monotonic() + self._tick
 
     def _beat_if_due(self) -> None:
-        if time.monotonic() >= self._next_beat:
+        if time.monotonic() < self._next_beat:
+            return
+        if self._tenure.session_held:
+            self._tenure.keep_alive()  # a ping of its session, not a write
+            self._next_beat = time.monotonic() + self._tick
+        else:
             self._beat()
 
     def _hand_back(self) -> None:
@@ -246,14 +339,19 @@ class Steward:
                 exc,
             )
 
-    def _find_dead(self, now: float, report: bool) -> list[Leave]:
-        members = list(self._state.members())
+    def _find_dead(self, now: float) -> list[Leave]:
+        """Sample the counters of the members without a presence key; those silent
+        for the liveness bound are dead. Reports the ages once per interval."""
+        members = [node for node in self._state.members() if node.key not in self._present]
         unseen = [node for node in members if not self._liveness.tracks(node.key)]
         counters = self.board.sample_heartbeats(members, unseen)
         by_key = {node.key: node for node in members}
         silent = self._liveness.observe(dict(zip(by_key, counters, strict=True)), now)
-        if report:
-            self._liveness_report = encode_liveness(self._liveness.ages(now))
+        if now >= self._next_report:
+            self._next_report = now + self._tick
+            self._liveness_report = encode_liveness(
+                LivenessReport(self._liveness.ages(now), frozenset(self._present))
+            )
         for key in silent:
             log_event(
                 log,
@@ -267,32 +365,46 @@ class Steward:
         return [Leave(by_key[key]) for key in silent]
 
     def _decide(self, events: list[Event], last_call_expired: bool, flush: bool) -> None:
-        """Apply ``events``; persist at once if a round ends or opens or a node leaves.
+        """Apply ``events``; persist at once if a round ends or opens, a node leaves, or
+        nodes join a completed round (late joiners and spares: the state shows them
+        at once, to the agents of that round and to ``status()``).
 
-        Joins alone are only persisted at the next tick (``flush``): a new
-        steward gets them again from the nodes, which re-post to every new
-        steward, so persisting each batch would only make a storm of joins
-        rewrite the whole state once per batch.
+        Joins gathered for the open round are only persisted at the next tick
+        (``flush``) or with its completion: a new steward gets them again from
+        the nodes, which re-post to every new steward, so persisting each batch
+        would only make a storm of joins rewrite the whole state once per batch.
         """
         self._unsaved.extend(events)
         before = self._state
         transition = apply(self._state, events, self.settings, last_call_expired=last_call_expired)
         self._state = transition.state
-        urgent = bool(transition.outcomes or transition.opened) or any(
-            isinstance(event, Leave) for event in events
+        urgent = (
+            bool(transition.outcomes or transition.opened)
+            or self._state.complete
+            or any(isinstance(event, Leave) for event in events)
         )
         if self._state == self._saved:
             self._unsaved.clear()  # nothing to persist: the backend holds this state
         elif urgent or flush:
             transition = self._save(transition, last_call_expired)
-        # Only joins can still be unsaved (a leave is urgent). Their senders read
+        # Only joins to the open round can still be unsaved. Their senders read
         # this steward's lease before posting (it was still this steward's after
         # the drain), so they post them again to the next steward.
         self._taken = []
+        self._refresh_sampling()
         self._announce(transition)
         if before.complete and before.round != self._stale_round:
             self._check_stale(before)
+        self._leave_will(self._state)
         self._update_last_call(time.monotonic())
+
+    def _leave_will(self, state: RendezvousState) -> None:
+        """Have the completed round of ``state`` marked stale if this steward's session
+        ends: the agents of that round in ``wait_for_change`` wake then and rendezvous
+        again, and one of them takes the vacant lease."""
+        if state.complete and state.round not in (self._will_round, self._stale_round):
+            self._tenure.mark_stale_when_ended(state.round)
+            self._will_round = state.round
 
     def _check_stale(self, completed: RendezvousState) -> None:
         """Mark the ``completed`` round stale if the state has moved on from it.
@@ -356,6 +468,11 @@ class Steward:
 
     def _publish_counters(self) -> None:
         state = self._state
+        present = frozenset(self._present)
+        if self._liveness_report is None and present != self._reported_present:
+            # With sessions the report changes with the membership, not per interval.
+            self._liveness_report = encode_liveness(LivenessReport({}, present))
+        self._reported_present = present
         self.board.publish_counters(
             waiting=len(state.wait_list),
             pending=0 if state.complete else len(state.participants),
@@ -383,6 +500,18 @@ class Steward:
             run_id=self.board.run_id,
             node=self.node,
             round_=self._state.round if round_ is None else round_,
+        )
+
+    def _node_event(self, level: int, action: str, node: _NodeDesc, message: str) -> None:
+        """A record about another ``node`` (named in its ``node`` field)."""
+        log_event(
+            log,
+            level,
+            action,
+            message,
+            run_id=self.board.run_id,
+            node=node,
+            round_=self._state.round,
         )
 
     def _report(self, exc: RendezvousStateError) -> None:

@@ -3,14 +3,27 @@
 Its own module so that the office (which takes the lease and starts the
 steward) and the steward (which keeps it) both use it without importing each
 other.
+
+On a store with sessions the steward holds the lease through a store session
+of its own: the store deletes the lease the moment that session ends (the
+steward's process died, or froze past the liveness bound), so the lease is
+vacant at once instead of after a silence. The session's wills mark the
+completed round stale then, which wakes the agents in ``wait_for_change``.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+from tp_rdzv_api import RendezvousConnectionError
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
-from tp_rdzv_dynamic.documents.codecs import Lease
+from tp_rdzv_dynamic.documents.codecs import SESSION_BEAT, Lease
+from tp_store import SessionExpiredError, StoreError, StoreSession
+
+#: Wills one steward session holds at most: a round's will is added when the
+#: round completes, and a full session is replaced by a fresh one. Every will
+#: but the newest marks an older round, stale by then anyway.
+WILLS_PER_SESSION = 16
 
 
 class LeaseLost(Exception):
@@ -21,27 +34,64 @@ class Tenure:
     """The lease as its holder keeps it, on the steward's own board.
 
     Every write raises :class:`LeaseLost` when the lease no longer
-    holds what this holder last wrote: another node took it.
+    holds what this holder last wrote: another node took it, or the store
+    ended the session it was held through.
 
     Args:
         board: the steward's board.
         holder: the holding node's key.
         lease: the value the holder wrote when it took the lease.
+        timeout: the liveness bound: a session of the steward ends after that
+            long without a word from it.
     """
 
-    def __init__(self, board: RendezvousBoard, holder: str, lease: bytes) -> None:
+    def __init__(self, board: RendezvousBoard, holder: str, lease: bytes, timeout: float) -> None:
         taken = Lease.parse(lease)
         self._board = board
         self._holder = holder
         self._raw = lease
         self._beat = 0
+        self._timeout = timeout
+        self._session: StoreSession | None = None
+        self._wills = 0
         self.epoch = taken.epoch
         #: The round the lease tells joiners to wait for.
         self.round = taken.round
 
+    @property
+    def session_held(self) -> bool:
+        """Whether the lease is held through a store session (vacant when it ends)."""
+        return self._session is not None
+
+    def hold_through_session(self) -> bool:
+        """Hold the lease through a store session from now on; whether the store has them.
+
+        The lease was taken by a plain compare-and-set (losing the race then
+        costs no session); a holder that died before this point leaves a
+        lease that waiters judge by its silence, as on stores without sessions.
+        """
+        session = self._board.open_session(self._timeout, "the steward's session")
+        if session is None:
+            return False
+        try:
+            self._write(self.epoch, self._holder, SESSION_BEAT, self.round, session)
+        except BaseException:
+            with contextlib.suppress(StoreError):
+                session.close()
+            raise
+        self._session = session
+        return True
+
     def beat(self, round_: int) -> None:
-        """Move the lease's beat (waiters judge the steward alive by it), hinting ``round_``."""
-        self._write(self.epoch, self._holder, self._beat + 1, round_)
+        """Move the lease's beat (waiters judge the steward alive by it), hinting ``round_``.
+
+        Held through a session, the lease does not beat: the write checks that
+        it is still this holder's.
+        """
+        if self._session is None:
+            self._write(self.epoch, self._holder, self._beat + 1, round_)
+        else:
+            self._write(self.epoch, self._holder, SESSION_BEAT, round_)
 
     def hint(self, round_: int) -> None:
         """Tell joiners to wait for ``round_``, unless the lease already does."""
@@ -50,15 +100,87 @@ class Tenure:
 
     def move_past(self, epoch: int, round_: int) -> None:
         """Take the epoch after ``epoch`` (a state stamped by ``epoch`` fences this one out)."""
-        self._write(epoch + 1, self._holder, self._beat, round_)
+        beat: int | str = self._beat if self._session is None else SESSION_BEAT
+        self._write(epoch + 1, self._holder, beat, round_)
+
+    def keep_alive(self) -> None:
+        """Tell the store the steward lives (a ping of its session; nothing without one)."""
+        if self._session is not None:
+            try:
+                self._session.keep_alive()
+            except SessionExpiredError as exc:
+                raise LeaseLost from exc
+            except StoreError as exc:
+                raise self._store_error("keeping the steward's session alive", exc) from exc
+
+    def mark_stale_when_ended(self, round_: int) -> None:
+        """Have the completed ``round_`` marked stale if this steward's session ends.
+
+        A full session is replaced first: the new one takes the lease over
+        (a write moves its ownership), then the old one is closed, which
+        pushes its wills, all of older rounds.
+        """
+        old = self._session
+        if old is None:
+            return
+        if self._wills >= WILLS_PER_SESSION:
+            self._session = None
+            self.hold_through_session()
+            self._wills = 0
+            with contextlib.suppress(StoreError):
+                old.close()
+        if self._session is None:
+            raise RendezvousConnectionError(
+                f"rendezvous {self._board.run_id!r}: the store stopped offering sessions"
+            )
+        self._board.mark_stale_when_ended(self._session, round_)
+        self._wills += 1
 
     def resign(self, round_: int) -> None:
-        """Hand the lease back vacant, unless another node holds it already."""
-        with contextlib.suppress(LeaseLost):
-            self._write(self.epoch, "", self._beat + 1, round_)
+        """Hand the lease back vacant, unless another node holds it already.
 
-    def _write(self, epoch: int, holder: str, beat: int, round_: int) -> None:
+        A plain write: the vacant lease outlives this steward's session,
+        keeping the epoch and the round hint for the next holder.
+        """
+        with contextlib.suppress(LeaseLost):
+            desired = Lease.encode(self.epoch, "", self._beat + 1, round_)
+            if self._board.swap_lease(self._raw, desired) != desired:
+                raise LeaseLost
+            self._raw = desired
+
+    def close(self) -> None:
+        """End the steward's session, if any (the store pushes its wills)."""
+        session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(StoreError):
+                session.close()
+
+    def _write(
+        self,
+        epoch: int,
+        holder: str,
+        beat: int | str,
+        round_: int,
+        session: StoreSession | None = None,
+    ) -> None:
         desired = Lease.encode(epoch, holder, beat, round_)
-        if self._board.swap_lease(self._raw, desired) != desired:
+        session = session or self._session
+        if session is None:
+            held = self._board.swap_lease(self._raw, desired)
+        else:
+            try:
+                held = session.compare_set(self._board.keys.lease, self._raw, desired)
+            except SessionExpiredError as exc:
+                raise LeaseLost from exc
+            except StoreError as exc:
+                raise self._store_error("writing the lease", exc) from exc
+        if held != desired:
             raise LeaseLost
-        self._raw, self.epoch, self._beat, self.round = desired, epoch, beat, round_
+        self._raw, self.epoch, self.round = desired, epoch, round_
+        if isinstance(beat, int):
+            self._beat = beat
+
+    def _store_error(self, what: str, exc: StoreError) -> RendezvousConnectionError:
+        return RendezvousConnectionError(
+            f"rendezvous {self._board.run_id!r}: the store failed while {what}: {exc}"
+        )

@@ -3,10 +3,11 @@
 The framing is PyTorch's (see ``tcpstore-wire-protocol.md``): an opcode byte,
 then fields; integers little-endian; byte strings as a ``u64`` length and the
 raw bytes. Our own client and server also understand extension opcodes
-(``WAIT_GET``, ``STATS`` and the authentication exchange ``AUTH_CHALLENGE``
-and ``AUTH_PROOF``), negotiated through the handshake PING so that a PyTorch
-peer never sees them. Malformed input raises
-:class:`~tp_store.errors.ProtocolError` and nothing else.
+(``WAIT_GET``, ``STATS``, the authentication exchange ``AUTH_CHALLENGE``
+and ``AUTH_PROOF``, and the store sessions' ``SESSION_*``), negotiated
+through the handshake PING so that a PyTorch peer never sees them.
+Malformed input raises :class:`~tp_store.errors.ProtocolError` and nothing
+else.
 
 Modules, from the bytes up:
 
@@ -19,6 +20,8 @@ Modules, from the bytes up:
 - :mod:`~tp_store.protocol.auth`: the shared-secret challenge-response;
 - :mod:`~tp_store.protocol.phases`: a connection's phases and their one
   transition table;
+- :mod:`~tp_store.protocol.store_sessions`: the store-session extension's
+  rules on a connection (``SESSION_*``);
 - :mod:`~tp_store.protocol.server_session` and
   :mod:`~tp_store.protocol.client_session`: each end of a connection as a
   state machine, driven by a thin I/O layer (the server's connections,
@@ -69,6 +72,11 @@ from .messages import (
     QueuePop,
     QueuePush,
     Request,
+    SessionClose,
+    SessionCompareSet,
+    SessionOpen,
+    SessionSet,
+    SessionWill,
     Set,
     Stats,
     Validate,
@@ -104,7 +112,14 @@ from .requests import (
     RequestParser,
 )
 from .server_session import REQUESTS_PER_TURN, AuthRefused, ServerSession, Turn
-from .stats import STATS_SCHEMA, ServerStats, decode_stats, encode_stats
+from .stats import STATS_SCHEMA, ServerStats, SessionStats, decode_stats, encode_stats
+from .store_sessions import (
+    MAX_SESSION_TIMEOUT_MS,
+    MIN_SESSION_TIMEOUT_MS,
+    EndCause,
+    SessionHandle,
+    SessionHost,
+)
 
 __all__ = [
     "AUTH_NONCE_BYTES",
@@ -118,7 +133,9 @@ __all__ = [
     "FLAG_REPLY",
     "INCOMPLETE",
     "LAYOUTS",
+    "MAX_SESSION_TIMEOUT_MS",
     "MIN_SECRET_BYTES",
+    "MIN_SESSION_TIMEOUT_MS",
     "REQUESTS_PER_TURN",
     "REQUEST_TYPES",
     "STATS_SCHEMA",
@@ -137,6 +154,7 @@ __all__ = [
     "ClientSession",
     "CompareSet",
     "DeleteKey",
+    "EndCause",
     "Event",
     "Field",
     "Get",
@@ -165,6 +183,14 @@ __all__ = [
     "ServerAuthenticator",
     "ServerSession",
     "ServerStats",
+    "SessionClose",
+    "SessionCompareSet",
+    "SessionHandle",
+    "SessionHost",
+    "SessionOpen",
+    "SessionSet",
+    "SessionStats",
+    "SessionWill",
     "Set",
     "Stats",
     "Turn",

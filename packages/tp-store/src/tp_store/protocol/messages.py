@@ -93,6 +93,16 @@ class Opcode(enum.IntEnum):
     AUTH_CHALLENGE = 0xE2
     #: Extension: the client's proof of the secret in, the server's proof out.
     AUTH_PROOF = 0xE3
+    #: Extension: open this connection's store session (timeout in ms); its id out.
+    SESSION_OPEN = 0xE4
+    #: Extension: SET, the key owned by the connection's store session.
+    SESSION_SET = 0xE5
+    #: Extension: COMPARE_SET, a write it makes owned by the connection's store session.
+    SESSION_COMPARE_SET = 0xE6
+    #: Extension: a queue push the server makes when the store session ends.
+    SESSION_WILL = 0xE7
+    #: Extension: end the connection's store session now; 0 out.
+    SESSION_CLOSE = 0xE8
 
 
 class Field(enum.Enum):
@@ -391,6 +401,59 @@ class AuthProof(Message):
     proof: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class SessionOpen(Message):
+    """Extension: open the connection's store session, ended after ``timeout_ms`` of silence."""
+
+    opcode: ClassVar[Opcode] = Opcode.SESSION_OPEN
+    layout: ClassVar[Layout] = (Field.I64,)
+    reply: ClassVar[NumberReply] = NUMBER_REPLY
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSet(Message):
+    """Extension: SET through the connection's store session (the key is owned by it)."""
+
+    opcode: ClassVar[Opcode] = Opcode.SESSION_SET
+    layout: ClassVar[Layout] = _KEY_VALUE
+    reply: ClassVar[NoReply] = NO_REPLY
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCompareSet(Message):
+    """Extension: COMPARE_SET through the connection's store session."""
+
+    opcode: ClassVar[Opcode] = Opcode.SESSION_COMPARE_SET
+    layout: ClassVar[Layout] = (Field.KEY, Field.VALUE, Field.VALUE)
+    reply: ClassVar[BytesReply] = BYTES_REPLY
+    key: bytes
+    expected: bytes
+    desired: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWill(Message):
+    """Extension: push ``value`` onto the queue ``queue`` when the store session ends."""
+
+    opcode: ClassVar[Opcode] = Opcode.SESSION_WILL
+    layout: ClassVar[Layout] = _KEY_VALUE
+    reply: ClassVar[NoReply] = NO_REPLY
+    queue: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClose(Message):
+    """Extension: end the connection's store session (its keys deleted, its wills pushed)."""
+
+    opcode: ClassVar[Opcode] = Opcode.SESSION_CLOSE
+    layout: ClassVar[Layout] = ()
+    reply: ClassVar[NumberReply] = NUMBER_REPLY
+
+
 Request = (
     Validate
     | Set
@@ -415,6 +478,11 @@ Request = (
     | Stats
     | AuthChallenge
     | AuthProof
+    | SessionOpen
+    | SessionSet
+    | SessionCompareSet
+    | SessionWill
+    | SessionClose
 )
 
 #: Every request type, by opcode.
@@ -444,6 +512,11 @@ REQUEST_TYPES: Final[dict[int, type[Request]]] = {
         Stats,
         AuthChallenge,
         AuthProof,
+        SessionOpen,
+        SessionSet,
+        SessionCompareSet,
+        SessionWill,
+        SessionClose,
     )
 }
 

@@ -6,8 +6,9 @@ applies its requests to the shared :class:`~tp_store.state.StoreState`
 :attr:`ServerSession.outbox` for the I/O layer to write in one go. The
 session rules live here: VALIDATE first, what may be sent before
 authenticating and how much, the extensions offered in the handshake PING,
-one parked wait at a time, replies bounded by the message limit, and a
-bounded number of requests per turn so that no client starves the others.
+one parked wait at a time, replies bounded by the message limit, a
+bounded number of requests per turn so that no client starves the others,
+and the store-session extension's (:mod:`~tp_store.protocol.store_sessions`).
 Every violation raises :class:`~tp_store.errors.ProtocolError` (or
 ``ValueError`` for a request the state refuses); the I/O layer then closes
 the connection.
@@ -45,6 +46,14 @@ from .replies import (
 )
 from .requests import Layouts, RequestParser
 from .stats import ServerStats, stats_document
+from .store_sessions import (
+    EndCause,
+    SessionHandle,
+    SessionHost,
+    check_session_open,
+    open_session_of,
+    session_timeout,
+)
 
 #: Requests a connection is served in one turn before the others get theirs:
 #: no client can starve the rest by pipelining.
@@ -107,17 +116,23 @@ class ServerSession:
     connection's request: the reply is in :attr:`outbox` and the I/O layer
     should write it, or (given an error) close the connection. ``ops`` counts
     requests by opcode byte (the server's statistics); ``stats`` makes the
-    STATS document.
+    STATS document. ``sessions`` opens and ends store sessions (None: the
+    server offers none), and ``expired(reason)`` must close the connection when
+    its store session ended for silence.
     """
 
     __slots__ = (
         "_auth",
+        "_expired",
         "_limits",
         "_ops",
+        "_parked_bytes",
         "_parser",
         "_pending",
         "_requests_before_auth",
         "_secret",
+        "_session_opened",
+        "_sessions",
         "_state",
         "_stats",
         "_turn_left",
@@ -128,6 +143,7 @@ class ServerSession:
         "pending_bytes",
         "phase",
         "served",
+        "store_session",
     )
 
     def __init__(
@@ -139,6 +155,8 @@ class ServerSession:
         stats: Callable[[], ServerStats],
         ops: list[int],
         woken: Callable[[Exception | None], None],
+        sessions: SessionHost | None = None,
+        expired: Callable[[str], None] | None = None,
     ) -> None:
         self._state = state
         self._limits = limits
@@ -146,6 +164,11 @@ class ServerSession:
         self._stats = stats
         self._ops = ops
         self._woken = woken
+        self._sessions = sessions
+        self._expired = expired
+        #: The connection's open store session (None: none, or ended).
+        self.store_session: SessionHandle | None = None
+        self._session_opened = False
         self.phase = Phase.HANDSHAKE
         #: Whether requests other than the handshake and authentication may be
         #: served (SERVING or WAITING).
@@ -156,8 +179,9 @@ class ServerSession:
         self._requests_before_auth = REQUESTS_BEFORE_AUTH
         self._auth: ServerAuthenticator | None = None
         self._pending: Waiter | BarrierWaiter | None = None
-        #: What the parked wait is counted for in the memory budget.
+        #: What the parked wait and the store session hold, counted in the memory budget.
         self.pending_bytes = 0
+        self._parked_bytes = 0  # the parked wait's part of it
         #: Set once the client offers the extensions in a PING: STATS is refused
         #: before, as on a PyTorch server, which does not know the opcode.
         self.extended = False
@@ -280,8 +304,10 @@ class ServerSession:
         return reply
 
     def close(self) -> None:
-        """End the session: its parked wait is dropped; nothing more is served."""
+        """End the session: its parked wait is dropped, its store session ended;
+        nothing more is served."""
         self._drop_pending()
+        self._end_store_session(EndCause.DISCONNECTED)
         self.phase = advance(self.phase, Event.CLOSED)
         self.admitted = False
         self._parser = RequestParser(self._limits)  # its buffer is garbage now
@@ -314,13 +340,15 @@ class ServerSession:
 
     def _parked(self, waiter: Waiter | BarrierWaiter, size: int) -> None:
         self._pending = waiter
-        self.pending_bytes = size
+        self._parked_bytes = size
+        self.pending_bytes += size
         self.phase = advance(self.phase, Event.PARKED)
         self._parser.accept(_WAITING_LAYOUTS, self._limits.max_message_bytes, _WHILE_WAITING)
 
     def _unparked(self, event: Event) -> None:
         self._pending = None
-        self.pending_bytes = 0
+        self.pending_bytes -= self._parked_bytes
+        self._parked_bytes = 0
         self.phase = advance(self.phase, event)
         self._parser.authenticated()
 
@@ -430,6 +458,53 @@ class ServerSession:
             raise ProtocolError("STATS sent before the protocol extensions were offered")
         return stats_document(self._stats())
 
+    # -- the store-session extension (see store_sessions) --------------------------------
+    def _session_open(self, fields: list[Any]) -> int:
+        host = check_session_open(self.extended, self._sessions, self._session_opened)
+        timeout = session_timeout(fields[0])
+        self._session_opened = True
+        handle = self.store_session = host.open(timeout, self._store_session_expired)
+        return handle.id
+
+    def _session_set(self, fields: list[Any]) -> None:
+        handle = open_session_of(self.store_session, "SESSION_SET")
+        self._state.session_set(handle.presence, fields[0], fields[1])
+        self._count_store_session(handle)
+
+    def _session_compare_set(self, fields: list[Any]) -> bytes:
+        handle = open_session_of(self.store_session, "SESSION_COMPARE_SET")
+        result = self._state.session_compare_set(handle.presence, fields[0], fields[1], fields[2])
+        self._count_store_session(handle)
+        return result
+
+    def _session_will(self, fields: list[Any]) -> None:
+        handle = open_session_of(self.store_session, "SESSION_WILL")
+        self._state.book.add_will(handle.presence, fields[0], fields[1])
+        self._count_store_session(handle)
+
+    def _session_close(self, fields: list[Any]) -> int:
+        open_session_of(self.store_session, "SESSION_CLOSE")
+        self._end_store_session(EndCause.CLOSED)
+        return 0
+
+    def _count_store_session(self, handle: SessionHandle) -> None:
+        """Count what the store session holds in the memory budget (with the parked wait)."""
+        self.pending_bytes = self._parked_bytes + handle.presence.held_bytes
+
+    def _store_session_expired(self, reason: str) -> None:
+        """The host ended the store session for silence: the connection must close."""
+        self.store_session = None
+        self.pending_bytes = self._parked_bytes
+        if self._expired is not None:
+            self._expired(reason)
+
+    def _end_store_session(self, cause: EndCause) -> None:
+        handle = self.store_session
+        if handle is not None and self._sessions is not None:
+            self.store_session = None
+            self._sessions.end(handle, cause)
+            self.pending_bytes = self._parked_bytes
+
     def _validate(self, fields: list[Any]) -> None:
         if self.phase is Phase.HANDSHAKE:
             event = Event.HELLO if self._secret is None else Event.HELLO_AUTH
@@ -496,5 +571,10 @@ _HANDLERS: Final[dict[int, tuple[_Handler, Callable[[Any], bytes]]]] = {
         Opcode.STATS: ServerSession._server_stats,
         Opcode.AUTH_CHALLENGE: ServerSession._auth_challenge,
         Opcode.AUTH_PROOF: ServerSession._auth_proof,
+        Opcode.SESSION_OPEN: ServerSession._session_open,
+        Opcode.SESSION_SET: ServerSession._session_set,
+        Opcode.SESSION_COMPARE_SET: ServerSession._session_compare_set,
+        Opcode.SESSION_WILL: ServerSession._session_will,
+        Opcode.SESSION_CLOSE: ServerSession._session_close,
     }.items()
 }

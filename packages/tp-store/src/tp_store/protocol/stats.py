@@ -15,7 +15,23 @@ from .replies import blob_field
 STATS_SCHEMA: Final = 1
 
 
-class ServerStats(TypedDict):
+class SessionStats(TypedDict, total=False):
+    """The store-session counters of a :class:`ServerStats` (absent from servers
+    older than the store-session extension)."""
+
+    #: Store sessions open now.
+    sessions_open: int
+    #: Store sessions opened in total.
+    sessions_opened: int
+    #: Store sessions ended by SESSION_CLOSE, in total.
+    sessions_ended_closed: int
+    #: Store sessions ended because their connection closed, in total.
+    sessions_ended_disconnected: int
+    #: Store sessions ended because nothing arrived on their connection for their timeout.
+    sessions_ended_expired: int
+
+
+class ServerStats(SessionStats):
     """A store server's counters, as ``STATS`` returns them (a JSON object on the wire).
 
     Totals count from the server's start; the others are the values now.
@@ -67,6 +83,8 @@ _STATS_COUNTS: Final = (
     "bytes_received",
     "bytes_sent",
 )
+#: The counts of :class:`SessionStats`, checked when present.
+_SESSION_COUNTS: Final = tuple(SessionStats.__annotations__)
 
 
 def stats_document(stats: ServerStats) -> bytes:
@@ -101,6 +119,10 @@ def decode_stats(document: bytes) -> ServerStats:
         raise ProtocolError(f"statistics schema {schema!r} is not the known {STATS_SCHEMA}")
     for name in _STATS_COUNTS:
         value = stats.get(name)
+        if not _is_count(value):
+            raise ProtocolError(f"statistics field {name!r} must be a count, got {value!r}")
+    for name in _SESSION_COUNTS:
+        value = stats.get(name, 0)
         if not _is_count(value):
             raise ProtocolError(f"statistics field {name!r} must be a count, got {value!r}")
     uptime = stats.get("uptime_seconds")

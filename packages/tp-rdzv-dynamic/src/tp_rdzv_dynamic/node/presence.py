@@ -1,0 +1,123 @@
+"""A node's presence: a store session whose end tells the steward the node is gone.
+
+At its first rendezvous a node opens a store session (timeout: the liveness
+bound), writes its presence key through it (``present/<node>``, holding a
+random token of that session) and leaves a will that pushes
+``{"op": "gone", "node": ..., "token": ...}`` into the mailbox. The process's
+scheduler thread pings the session every ``keep_alive_interval``: a ping is
+not a store write, and nobody reads anything per node while a job trains.
+
+When the process dies the kernel closes its sockets and the store ends the
+session at once; when it freezes past the timeout the store ends it then.
+Either way the presence key goes and the will wakes the steward. A node that
+was only frozen finds its session ended at its next ping: it opens a new one
+(a new token, so the steward ignores the old session's departure if it comes
+late) and, if it waits for a round, posts its join again.
+
+Stores without sessions (PyTorch's TCPStore, FileStore, most user stores)
+keep heartbeat counters instead; :meth:`NodePresence.open` says which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc
+from tp_store import StoreError, StoreSession
+
+log = logging.getLogger(__name__)
+
+
+class NodePresence:
+    """This node's presence session, opened once and renewed when the store ends it.
+
+    Thread-safe: the agent's thread opens and closes it, the scheduler's
+    thread keeps it alive.
+
+    Args:
+        board: the node's board (the session has a connection of its own).
+        node: this node.
+        timeout: the liveness bound, in seconds.
+    """
+
+    def __init__(self, board: RendezvousBoard, node: _NodeDesc, timeout: float) -> None:
+        self._board = board
+        self._node = node
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._session: StoreSession | None = None
+        self._offered: bool | None = None  # unknown until the first open
+        #: How many times the session was replaced after the store ended it.
+        self.renewals = 0
+
+    @property
+    def offered(self) -> bool:
+        """Whether the store offers sessions (false until :meth:`open` found out)."""
+        return bool(self._offered)
+
+    def open(self) -> bool:
+        """Be present, if the store offers sessions; whether it does.
+
+        Raises :class:`~tp_rdzv_api.RendezvousConnectionError` if the store failed.
+        """
+        with self._lock:
+            if self._offered is None:
+                self._open()
+            return bool(self._offered)
+
+    def keep_alive(self) -> None:
+        """Ping the session; replace it if the store ended it (and count the renewal).
+
+        A session whose ping fails ended: the store ends a session whose
+        connection broke, too. Raises
+        :class:`~tp_rdzv_api.RendezvousConnectionError` if a new one cannot be
+        opened; the next call tries again.
+        """
+        with self._lock:
+            session = self._session
+            if session is not None:
+                try:
+                    session.keep_alive()
+                    return
+                except StoreError as exc:
+                    self._session = None
+                    with contextlib.suppress(StoreError):
+                        session.close()
+                    log_event(
+                        log,
+                        logging.WARNING,
+                        "presence_lost",
+                        f"{self._node}'s presence session ended ({exc}); it opens a new one",
+                        run_id=self._board.run_id,
+                        node=self._node,
+                    )
+            if self._offered:
+                self._open()
+                self.renewals += 1
+
+    def close(self) -> None:
+        """End the presence: the key goes and the steward is told the node is gone."""
+        with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(StoreError):
+                session.close()
+
+    def _open(self) -> None:
+        """Open a session and be present through it (the lock held)."""
+        session = self._board.open_session(self._timeout, "this node's presence session")
+        self._offered = session is not None
+        if session is None:
+            return
+        try:
+            self._board.be_present(session, self._node, secrets.token_hex(16))
+        except BaseException:
+            with contextlib.suppress(StoreError):
+                session.close()
+            raise
+        self._session = session

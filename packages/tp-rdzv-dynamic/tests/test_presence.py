@@ -1,0 +1,172 @@
+"""Presence through store sessions, with nodes as threads on a real TCPStore server.
+
+The server offers store sessions, so every node is present through one and the
+steward holds its lease through one. Stores without sessions (a file here)
+keep heartbeat counters. The multi-process tests (killed and paused processes)
+are in ``test_dynamic_multiprocess.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from handler_threads import RUN, rendezvous_all, wait_until
+
+from tp_rdzv_api import RendezvousClosedError, RendezvousTimeout
+from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
+from tp_rdzv_dynamic.documents.codecs import Lease, encode_message
+from tp_rdzv_dynamic.documents.layout import RunLayout
+from tp_rdzv_dynamic.model.gone import Gone
+from tp_store import FileStore
+
+KEYS = RunLayout(RUN)
+
+
+def records(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", None) == action]
+
+
+def steward_of(handlers: list[DynamicRendezvousHandler]) -> DynamicRendezvousHandler:
+    (steward,) = [h for h in handlers if h._office.running]
+    return steward
+
+
+def test_nodes_are_present_through_sessions_and_write_no_counters(make_node, server):
+    handlers = [make_node(3, 3, interval=0.2) for _ in range(3)]
+    rendezvous_all(handlers)
+    for handler in handlers:
+        assert server.check([KEYS.presence(handler.node.key)])
+        # No heartbeat counter is ever written: nothing per node per interval.
+        assert not server.check([KEYS.heartbeat(handler.node.key)])
+    wait_until(lambda: all(n.present for n in handlers[0].status().participants))
+    status = handlers[0].status()
+    assert [n.heartbeat_age for n in status.participants] == [None, None, None]
+    assert Lease.parse(server.get(KEYS.lease)).session_held
+
+
+def test_presence_outlives_many_session_timeouts_while_the_job_trains(make_node, server):
+    handler = make_node(1, 1, interval=0.05)  # a session ends after 0.1 s of silence
+    handler.next_rendezvous()
+    before = server.server_stats()
+    # The pings come from the process's scheduler; each resets the silence timer.
+    wait_until(lambda: server.server_stats()["uptime_seconds"] > before["uptime_seconds"] + 1.0)
+    assert server.check([KEYS.presence(handler.node.key)])
+    assert handler._presence.renewals == 0
+    assert server.server_stats().get("sessions_ended_expired", 0) == 0
+
+
+def test_a_node_whose_session_ends_is_removed_and_the_round_goes_stale(make_node, caplog):
+    caplog.set_level(logging.INFO)
+    handlers = [make_node(2, 3, interval=0.2) for _ in range(3)]
+    rendezvous_all(handlers)
+    victim = next(h for h in handlers if not h._office.running)
+    survivors = [h for h in handlers if h is not victim]
+    victim._presence.close()  # what the store does when its process dies
+    assert survivors[0].wait_for_change(10)
+    wait_until(lambda: str(victim.node) not in {n.node for n in survivors[0].status().participants})
+    assert [r.node for r in records(caplog, "node_gone")] == [str(victim.node)]  # type: ignore[attr-defined]
+    assert not records(caplog, "node_dead")
+    infos = rendezvous_all(survivors)
+    assert {info.world_size for info in infos} == {2}
+
+
+def test_a_departure_of_an_older_session_is_ignored(make_node, server, caplog):
+    caplog.set_level(logging.INFO)
+    handlers = [make_node(2, 2, interval=0.2) for _ in range(2)]
+    rendezvous_all(handlers)
+    node = handlers[1].node
+    # A late word that an earlier session of this node ended: the node is present
+    # through its current session, with another token.
+    server.queue_push(KEYS.mailbox, encode_message(Gone(node, "an-earlier-session")))
+    wait_until(lambda: records(caplog, "presence_renewed"))
+    assert not records(caplog, "node_gone")
+    assert str(node) in {n.node for n in handlers[0].status().participants}
+    assert not handlers[0].wait_for_change(0.2)
+
+
+def test_a_dead_stewards_lease_is_vacant_at_once_and_taken_without_a_silence(
+    make_node, server, caplog
+):
+    caplog.set_level(logging.INFO)
+    # A liveness bound of two minutes: a takeover that waited for it would not happen here.
+    handlers = [make_node(2, 3, interval=60) for _ in range(3)]
+    rendezvous_all(handlers)
+    steward = steward_of(handlers)
+    others = [h for h in handlers if h is not steward]
+    before = Lease.parse(server.get(KEYS.lease))
+    assert before.session_held
+    # The store ends the steward's session (its process died): the lease goes and
+    # the session's will marks the round stale.
+    assert steward._office._steward is not None
+    steward._office._steward._tenure.close()
+    steward._presence.close()
+    assert others[0].wait_for_change(30)
+    infos = rendezvous_all(others)
+    assert {info.world_size for info in infos} == {2}
+    after = Lease.parse(server.get(KEYS.lease))
+    assert after.holder in {h.node.key for h in others}
+    assert not records(caplog, "steward_takeover")  # no silence was judged
+    # The state's epoch fences the old steward out: the new one is past it.
+    state = others[0]._holder.observe()
+    assert state is not None
+    assert state.epoch > before.epoch
+
+
+def test_a_waiting_joiner_shows_in_the_state_at_once(make_node):
+    handlers = [make_node(2, 3, interval=60) for _ in range(2)]
+    rendezvous_all(handlers)
+    late = make_node(2, 3, interval=60)
+    raised: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            late.next_rendezvous()
+        except RendezvousClosedError as exc:
+            raised.append(exc)
+
+    waiting = threading.Thread(target=join, daemon=True)
+    waiting.start()
+    # Persisted with its batch, not at the steward's next tick (a minute away).
+    wait_until(lambda: [n.node for n in handlers[0].status().wait_list] == [str(late.node)])
+    assert handlers[0].num_nodes_waiting() == 1
+    handlers[0].set_closed()  # the joiner's wait ends (RendezvousClosedError)
+    waiting.join(10)
+    assert raised
+
+
+def file_handler(path: Path, interval: float) -> DynamicRendezvousHandler:
+    store = FileStore(str(path), timeout=10)
+    return DynamicRendezvousHandler.from_backend(
+        RUN,
+        store,
+        TpRendezvousBackend(store, RUN),
+        2,
+        2,
+        local_addr="127.0.0.1",
+        timeout=RendezvousTimeout(join=30, last_call=0.3),
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=2,
+    )
+
+
+def test_without_sessions_nodes_beat_counters_and_the_steward_reports_ages(tmp_path):
+    handlers = [file_handler(tmp_path / "store", 0.1) for _ in range(2)]
+    try:
+        rendezvous_all(handlers)
+        assert not handlers[0]._presence.offered
+        store = FileStore(str(tmp_path / "store"), timeout=10)
+        key = KEYS.heartbeat(handlers[0].node.key)
+        first = int(store.get(key))
+        wait_until(lambda: int(store.get(key)) >= first + 3, seconds=10)
+        wait_until(
+            lambda: all(n.heartbeat_age is not None for n in handlers[0].status().participants)
+        )
+        assert not any(n.present for n in handlers[0].status().participants)
+        assert not Lease.parse(store.get(KEYS.lease)).session_held
+    finally:
+        for handler in handlers:
+            handler._office.stop()
+            handler._heartbeats.stop()
