@@ -9,6 +9,7 @@ processes of ``test_dynamic_multiprocess.py`` show it across processes).
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import hypothesis
@@ -49,13 +50,18 @@ def check_outcome(outcome: RoundOutcome, settings: RendezvousSettings) -> None:
 
 
 @st.composite
-def runs(draw: st.DrawFn, *, hints: bool) -> tuple[RendezvousSettings, list[tuple[list, bool]]]:
-    """Settings and batches of joins and leaves, as a steward decides them."""
+def runs(
+    draw: st.DrawFn, *, hints: bool, stable: bool | None = None
+) -> tuple[RendezvousSettings, list[tuple[list, bool]]]:
+    """Settings and batches of joins and leaves, as a steward decides them.
+
+    ``stable``: stable ranks on or off; drawn when ``None``.
+    """
     max_nodes = draw(st.integers(1, 6), "max_nodes")
     settings = rules(
         draw(st.integers(1, max_nodes), "min_nodes"),
         max_nodes,
-        stable=draw(st.booleans(), "stable_ranks"),
+        stable=draw(st.booleans(), "stable_ranks") if stable is None else stable,
     )
     who = st.sampled_from(NODES[:8])
     hint = st.none() | st.integers(0, 6) if hints else st.none()
@@ -93,10 +99,9 @@ def test_every_round_has_ranks_zero_to_n_minus_one(run):
 
 
 @hypothesis.settings(deadline=None, max_examples=400)
-@hypothesis.given(runs(hints=False))
+@hypothesis.given(runs(hints=False, stable=True))
 def test_with_stable_ranks_survivors_keep_their_ranks(run):
     settings, batches = run
-    hypothesis.assume(settings.stable_ranks)
     previous: dict[_NodeDesc, int] = {}
     for _, outcomes in play(settings, batches):
         for outcome in outcomes:
@@ -110,6 +115,31 @@ def test_with_stable_ranks_survivors_keep_their_ranks(run):
             free = [r for r in range(world) if r not in {r for r in kept.values() if r < world}]
             assert others == free
             previous = dict(outcome.ranks)
+
+
+@hypothesis.settings(deadline=None, max_examples=400)
+@hypothesis.given(runs(hints=True, stable=True))
+def test_with_stable_ranks_hints_come_first_then_survivors_keep_their_ranks(run):
+    settings, batches = run
+    state, previous = RendezvousState(), {}
+    for events, expired in batches:
+        # One event at a time (the same decisions): the hints of the moment a
+        # round completes are the state's right after that event.
+        for step, last_call in [*(([event], False) for event in events), ([], expired)]:
+            transition = apply(state, step, settings, last_call_expired=last_call)
+            state = transition.state
+            for outcome in transition.outcomes:
+                ranks, world = outcome.ranks, len(outcome.participants)
+                asked = {node: state.hints[node] for node in ranks if node in state.hints}
+                shared = Counter(asked.values())
+                honoured = {n: h for n, h in asked.items() if h < world and shared[h] == 1}
+                for node, hint in honoured.items():
+                    assert ranks[node] == hint
+                for node, rank in previous.items():
+                    kept = rank < world and rank not in honoured.values()
+                    if node in ranks and node not in honoured and kept:
+                        assert ranks[node] == rank, (node, previous, ranks, honoured)
+                previous = dict(ranks)
 
 
 @hypothesis.settings(deadline=None, max_examples=400)
