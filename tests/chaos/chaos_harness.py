@@ -8,13 +8,13 @@ drives them into one phase of a round and kills one or more of them with
 
 =============  ============================================================
 ``joining``    victims die inside ``next_rendezvous()`` before round 0
-               completes (right after their first heartbeat, or a little
+               completes (right after they became present, or a little
                later)
 ``last_call``  victims die while round 0 has ``min_nodes`` and runs its
                last-call timer
 ``complete``   victims die right after round 0 completed (after the first
                or after every answer)
-``heartbeat``  victims die while everyone heartbeats in round 1
+``heartbeat``  victims die while everyone keeps alive in round 1
 ``closing``    a node's ``set_closed()`` is in flight when it (or another
                node) is killed
 =============  ============================================================
@@ -445,10 +445,11 @@ class Trial:
         key = self.key(f"result/{round_}")
         return bool(self.store_call("checking an outcome", lambda s: s.check([key])))
 
-    def await_heartbeats(self, nodes: Sequence[NodeProcess], timeout: float) -> None:
-        """Until every one of ``nodes`` has beaten once: it is inside ``next_rendezvous()``."""
-        keys = [self.key(f"hb/{node_id(node)}") for node in nodes]
-        self.store_call("waiting for heartbeats", lambda s: s.wait(keys, timeout))
+    def await_present(self, nodes: Sequence[NodeProcess], timeout: float) -> None:
+        """Until every one of ``nodes`` is present through its store session (the
+        stores here offer sessions): it is inside ``next_rendezvous()``."""
+        keys = [self.key(f"present/{node_id(node)}") for node in nodes]
+        self.store_call("waiting for the nodes' presence", lambda s: s.wait(keys, timeout))
 
     def await_pending(self, count: int, timeout: float) -> bool:
         """Until the steward reports ``count`` nodes gathered in the open round."""
@@ -537,7 +538,7 @@ class Trial:
         # Victims first: the first of them likely takes the steward lease.
         order = [*victims, *others] if plan.variant else [*others, *victims]
         self.send(order, "next")
-        self.await_heartbeats(victims, READ_TIMEOUT)
+        self.await_present(victims, READ_TIMEOUT)
         self.dwell(plan.delay * plan.last_call * 0.6)
         self.kill(self.pick_victims(), 0)
 

@@ -121,22 +121,23 @@ def test_agents_reform_when_the_steward_is_killed(tp_rdzv, store):
     assert steward not in after[0]["participants"]
 
 
-def test_status_shows_the_wait_list_and_heartbeat_ages(tp_rdzv, store):
+def test_status_shows_the_wait_list_and_presence(tp_rdzv, store):
     run_id = unique_run_id()
-    # A round needs 2; one node waits alone, heartbeating.
+    # A round needs 2; one node waits alone, present through its store session.
     lone = join(tp_rdzv, store, run_id, "--min", "2", "--max", "2")
     document = status_if_it_exists(store, run_id)
     while (
         document is None
         or not document["participants"]
-        or document["participants"][0]["heartbeat_age"] is None
+        or not document["participants"][0]["present"]
     ):
-        # The node joins, then the steward reports ages at its ticks (every keep_alive_interval).
+        # The node joins, then the steward reports whom it watches with the membership.
         document = status_if_it_exists(store, run_id)
     assert not document["complete"]
     (node,) = document["participants"]
     assert node["rank"] is None
-    assert 0 <= node["heartbeat_age"] < 30
+    assert node["present"] is True
+    assert node["heartbeat_age"] is None
     lone.stop()
 
 

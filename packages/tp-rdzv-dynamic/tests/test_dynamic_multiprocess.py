@@ -714,3 +714,165 @@ def test_other_backends_round(spawn_node: Spawn, free_port: int, backend: str) -
     # shutdown() closes the rendezvous, as PyTorch's does, for everyone.
     assert ordered[-1].request("shutdown")["value"] is True
     assert set(values(nodes, "closed?").values()) == {True}
+
+
+# ---------------------------------------------------------------------------
+# 10. Presence: paused and killed processes on a store with sessions; a
+#     killed steward on a store without them.
+# ---------------------------------------------------------------------------
+
+
+def _steward(observer: Any, nodes: Sequence[NodeProcess]) -> NodeProcess:
+    """The node process holding the steward lease, as ``status()`` names it."""
+    key = _observe_until(observer, "a steward", lambda s: s.steward is not None).steward
+    (steward,) = [node for node in nodes if node.node_id == key]
+    return steward
+
+
+def test_a_paused_steward_is_still_a_participant(
+    spawn_node: Spawn, server: Any, tmp_path: Path
+) -> None:
+    """A process stopped for 1 s, less than its session timeout (a debugger, a
+    starved host), is slow, not dead: nobody removes it, not even when it is the
+    steward, whose lease is held through a session of its own."""
+    endpoint = f"{ADDR}:{server.port}"
+    run_id = _run_id()
+    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(3)}
+    specs = [
+        (
+            name,
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=3,
+                max_nodes=3,
+                is_host=False,
+                keep_alive_interval=1.0,
+                keep_alive_max_attempt=3,  # sessions end after 3 s of silence
+            )
+            | logging_to(log),
+        )
+        for name, log in logs.items()
+    ]
+    nodes = start_nodes(spawn_node, specs, host_first=False)
+    ordered = check_round(nodes, ask_all(nodes, "next"))
+    observer = _observer(endpoint, run_id)
+    paused = _steward(observer, ordered)
+    epoch = observer.status().steward_epoch
+    others = [node for node in ordered if node is not paused]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)  # the pause itself
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    # Nothing changes over two more session timeouts: no departure, no new steward.
+    answers = ask_all(others, "change 6")
+    assert {answer["value"] for answer in answers.values()} == {False}, answers
+    status = observer.status()
+    assert {node.node for node in status.participants} == {node.node_id for node in ordered}
+    assert (status.steward, status.steward_epoch) == (paused.node_id, epoch)
+    assert not logged(list(logs.values()), "node_gone")
+    assert not logged(list(logs.values()), "presence_lost")
+    # And it rendezvouses on with the others: the same three, the same ranks.
+    assert check_round(ordered, ask_all(ordered, "next")) == ordered
+
+
+def test_a_killed_stewards_lease_is_vacant_at_once(
+    spawn_node: Spawn, server: Any, tmp_path: Path
+) -> None:
+    """SIGKILL of the steward's process: the store ends its sessions as the kernel
+    closes its sockets, so the lease goes at once and the round is marked stale;
+    the survivors re-form under a new steward without any silence being judged.
+    The liveness bound here (a minute) is beyond every wait of this test."""
+    endpoint = f"{ADDR}:{server.port}"
+    run_id = _run_id()
+    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(4)}
+    specs = [
+        (
+            name,
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=2,
+                max_nodes=4,
+                is_host=False,
+                last_call_timeout=0.5,
+                keep_alive_interval=2.0,
+                keep_alive_max_attempt=30,
+            )
+            | logging_to(log),
+        )
+        for name, log in logs.items()
+    ]
+    nodes = start_nodes(spawn_node, specs, host_first=False)
+    ordered = check_round(nodes, ask_all(nodes, "next"))
+    observer = _observer(endpoint, run_id)
+    steward = _steward(observer, ordered)
+    epoch = observer.status().steward_epoch
+    survivors = [node for node in ordered if node is not steward]
+    send_all(survivors, "change 25")
+    steward.kill()
+    # The steward session's will marked the round stale: every agent wakes.
+    woken = collect(survivors, ROUND_TIMEOUT, "the round going stale")
+    assert {answer["value"] for answer in woken.values()} == {True}, woken
+    answers = ask_all(survivors, "next")
+    assert check_round(survivors, answers) == survivors
+    survivor_logs = [logs[node.name] for node in survivors]
+    elected = logged(survivor_logs, "steward_elected")
+    assert elected, "no survivor took the steward's office"
+    assert not logged(survivor_logs, "steward_takeover"), "a takeover judged a silence"
+    assert found_gone(survivor_logs) == {steward.node_id}
+    status = observer.status()
+    assert status.steward in {node.node_id for node in survivors}
+    assert status.steward_epoch > epoch
+
+
+def test_without_sessions_a_deputy_takes_over_a_killed_stewards_lease(
+    spawn_node: Spawn, tmp_path: Path
+) -> None:
+    """On a store without sessions (a file) the lease is judged by its silence.
+    Between rounds nobody rendezvouses, so the nodes of ranks 0 and 1 watch it
+    from their keep-alive ticks: one takes it over, finds the dead steward's
+    counter silent, and marks the round stale, with the survivors idle."""
+    endpoint = str(tmp_path / "rdzv.store")
+    run_id = _run_id()
+    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(3)}
+    specs = [
+        (
+            name,
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=2,
+                max_nodes=3,
+                store_type="file",
+                last_call_timeout=0.5,
+                keep_alive_interval=KEEP_ALIVE_INTERVAL,
+                keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+            )
+            | logging_to(log),
+        )
+        for name, log in logs.items()
+    ]
+    nodes = start_nodes(spawn_node, specs, host_first=False)
+    ordered = check_round(nodes, ask_all(nodes, "next"))
+    observer = tp_rdzv_api.create_handler(
+        tp_rdzv_api.RendezvousParameters(
+            "core", endpoint, run_id, min_nodes=1, max_nodes=1, store_type="file"
+        )
+    )
+    steward = _steward(observer, ordered)
+    survivors = [node for node in ordered if node is not steward]
+    steward.kill()
+    # The survivors are idle: only their keep-alive ticks can notice.
+    _observe_until(
+        observer,
+        "the dead steward removed",
+        lambda s: steward.node_id not in {node.node for node in s.participants},
+    )
+    survivor_logs = [logs[node.name] for node in survivors]
+    (takeover,) = logged(survivor_logs, "steward_takeover")
+    deputies = {node.node_id for node in ordered[:2]}
+    assert takeover["node"] in deputies
+    assert {record["node"] for record in logged(survivor_logs, "node_dead")} == {steward.node_id}
+    assert check_round(survivors, ask_all(survivors, "next")) == survivors

@@ -60,6 +60,7 @@ def test_the_design_note_lists_every_key_and_no_other():
         keys.liveness,
         keys.outcome(0).replace("/0", "/<round>"),
         keys.heartbeat("<node>"),
+        keys.presence("<node>"),
         keys.stale(0).replace("/0", "/<round>"),
         keys.receipt("rcpt/<id>"),
     }

@@ -20,6 +20,7 @@ from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
 from tp_rdzv_dynamic.documents.codecs import Lease, encode_message
 from tp_rdzv_dynamic.documents.layout import RunLayout
 from tp_rdzv_dynamic.model.gone import Gone
+from tp_rdzv_dynamic.steward.tenure import WILLS_PER_SESSION
 from tp_store import FileStore
 
 KEYS = RunLayout(RUN)
@@ -170,3 +171,32 @@ def test_without_sessions_nodes_beat_counters_and_the_steward_reports_ages(tmp_p
         for handler in handlers:
             handler._office.stop()
             handler._heartbeats.stop()
+
+
+def test_the_stewards_session_is_replaced_before_its_wills_pile_up(make_node, server):
+    handlers = [make_node(2, 2, interval=0.5) for _ in range(2)]
+    for _ in range(WILLS_PER_SESSION + 4):
+        rendezvous_all(handlers)  # each call after the first opens and completes a round
+    tenure = steward_of(handlers)._office._steward._tenure  # type: ignore[union-attr]
+    assert 1 <= tenure._wills <= WILLS_PER_SESSION
+    assert Lease.parse(server.get(KEYS.lease)).session_held
+    # The will of the current session still marks the current round.
+    other = next(h for h in handlers if not h._office.running)
+    tenure.close()
+    assert other.wait_for_change(30)
+
+
+def test_departures_after_the_closing_leave_the_state_alone(make_node):
+    handlers = [make_node(3, 3, interval=0.5) for _ in range(3)]
+    rendezvous_all(handlers)
+    steward = steward_of(handlers)
+    steward.set_closed()
+    saved = steward._holder.observe()
+    for handler in handlers:
+        if handler is not steward:
+            handler._presence.close()
+    # The steward drains the departures (a wake-up after them shows it) and saves nothing.
+    board = steward._board
+    board.wake()
+    wait_until(lambda: board.store.queue_len(board.keys.mailbox) == 0)
+    assert steward._holder.observe() == saved

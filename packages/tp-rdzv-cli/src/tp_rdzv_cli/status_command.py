@@ -36,8 +36,10 @@ EXAMPLES = """examples:
   tp-rdzv status --endpoint 127.0.0.1:29400 --store      # the store server's counters
   tp-rdzv status --endpoint node0:29400 --store --config tls_ca=ca.pem,secret_file=s
 
-Heartbeat ages are measured by the steward on its own clock at its last tick
-(at most one keep_alive_interval ago), so skewed clocks do not distort them.
+On a store with sessions (ours) a node is "present": the steward watches it
+through its store session and the store reports its end. Otherwise heartbeat
+ages are measured by the steward on its own clock at its last tick (at most
+one keep_alive_interval ago), so skewed clocks do not distort them.
 With --backend c10d, a torchrun job's state (PyTorch's own c10d rendezvous)
 is shown when the store holds one; its heartbeat ages come from the nodes'
 wall clocks. A run with nothing stored is an error (exit 1), or with --watch
@@ -50,7 +52,7 @@ def add_parser(commands: Any, parents: Sequence[argparse.ArgumentParser]) -> Non
     parser = commands.add_parser(
         "status",
         parents=parents,
-        help="show a rendezvous: round, participants, wait list, heartbeats",
+        help="show a rendezvous: round, participants, wait list, liveness",
         description="Show the state of a rendezvous, or with --store the store server's counters.",
         epilog=EXAMPLES,
     )
@@ -166,9 +168,11 @@ def _store_reader(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
 # -- rendering ---------------------------------------------------------------------
 
 
-def _age(node: dict[str, Any]) -> str:
+def _liveness(node: dict[str, Any]) -> str:
+    if node.get("present"):
+        return "present"
     age = node["heartbeat_age"]
-    return "-" if age is None else f"{age:.1f} s ago"
+    return "-" if age is None else f"heartbeat {age:.1f} s ago"
 
 
 def _missing_run(document: dict[str, Any], endpoint: str) -> str:
@@ -204,11 +208,11 @@ def _node_table(title: str, nodes: list[dict[str, Any]]) -> Table:
     table = Table(title=f"{title} ({len(nodes)})", title_justify="left")
     table.add_column("rank", justify="right")
     table.add_column("node")
-    table.add_column("last heartbeat", justify="right")
+    table.add_column("liveness", justify="right")
     for node in nodes:
         rank = node["rank"]
         # Text, not markup: a node may be named "[/]x".
-        table.add_row("-" if rank is None else str(rank), Text(node["node"]), _age(node))
+        table.add_row("-" if rank is None else str(rank), Text(node["node"]), _liveness(node))
     return table
 
 

@@ -108,7 +108,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
         bound = args.settings.liveness_bound.total_seconds()
         self._presence = NodePresence(self._board, args.node, bound)
-        self._heartbeats = Heartbeats(args.settings.run_id, args.node, self._tick, self._beat)
+        # At least two pings per session timeout (keep_alive_max_attempt may be 1).
+        beat_every = min(self._tick, bound / 2)
+        self._heartbeats = Heartbeats(args.settings.run_id, args.node, beat_every, self._beat)
         self._ticks = JoinTicks(self._board, args.node, self._office, self._tick, self._presence)
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
@@ -316,6 +318,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if not lease.session_held:
                 wait = min(self._tick, wait)
             if self._watcher.await_stale(self._round, wait):
+                # If a dead steward's will woke this wait, the lease is vacant: a
+                # steward taking office now removes the dead node and tells the rest.
+                self._office.watch(time.monotonic())
                 return True
             if time.monotonic() >= deadline:
                 return False

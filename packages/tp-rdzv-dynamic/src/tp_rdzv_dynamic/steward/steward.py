@@ -90,7 +90,10 @@ class Steward:
         self._tenure = tenure
         self._tick = settings.keep_alive_interval.total_seconds()
         self._scan_every = self._tick / _SCANS_PER_TICK
-        self._liveness = LivenessTracker(settings.liveness_bound.total_seconds())
+        bound = settings.liveness_bound.total_seconds()
+        # At least two beats (or pings) per liveness bound: keep_alive_max_attempt may be 1.
+        self._beat_every = min(self._tick, bound / 2)
+        self._liveness = LivenessTracker(bound)
         self._suspect = suspect
         # Members watched through their presence sessions (their departures come as
         # mail); the others' heartbeat counters are sampled.
@@ -175,7 +178,7 @@ class Steward:
             raise LeaseLost
         now = time.monotonic()
         self._next_scan = self._next_report = self._next_flush = now
-        self._next_beat = now + self._tick
+        self._next_beat = now + self._beat_every
         state = self._state
         self._watch_presence(list(state.members()))
         self._refresh_sampling()
@@ -257,9 +260,17 @@ class Steward:
         """The events of a batch of mail: a departure the store announced is a leave,
         unless its node is present again through another session."""
         events: list[Event] = []
+        # After the closing (recorded by any node), departures change nothing: the
+        # job is over and its nodes end their sessions as they shut down; a save
+        # for each batch of them would be for nothing.
+        over = any(isinstance(message, Gone) for message, _ in mail) and (
+            self._state.closed or self.board.is_closed()
+        )
         for message, _ in mail:
             if not isinstance(message, Gone):
                 events.append(message)
+            elif over:
+                continue
             elif self.board.present_again(message):
                 self._node_event(
                     logging.INFO,
@@ -306,14 +317,14 @@ class Steward:
 
     def _beat(self) -> None:
         self._tenure.beat(self._round_hint())
-        self._next_beat = time.monotonic() + self._tick
+        self._next_beat = time.monotonic() + self._beat_every
 
     def _beat_if_due(self) -> None:
         if time.monotonic() < self._next_beat:
             return
         if self._tenure.session_held:
             self._tenure.keep_alive()  # a ping of its session, not a write
-            self._next_beat = time.monotonic() + self._tick
+            self._next_beat = time.monotonic() + self._beat_every
         else:
             self._beat()
 
