@@ -74,6 +74,7 @@ def test_the_keys_it_reads_and_torchruns_get_no_warning(
         "heartbeat_timeout": 5,
         "keep_alive_interval": 1,
         "keep_alive_max_attempt": 3,
+        "stable_ranks": "true",
         "timeout": 900,  # torchrun passes it to every backend
     }
     handler = create_handler(params(backend, f"127.0.0.1:{free_port}", **config))
@@ -110,6 +111,7 @@ def test_every_key_it_reads_is_a_known_one(
         "heartbeat_timeout": 5,
         "keep_alive_interval": 1,
         "keep_alive_max_attempt": 3,
+        "stable_ranks": False,
     }
     store = {"store_type": store_type, "read_timeout": 20}
     if store_type == "tcp":

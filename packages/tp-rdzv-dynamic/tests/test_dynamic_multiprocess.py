@@ -492,6 +492,48 @@ def test_redundant_nodes_exit_gracefully_when_closed(spawn_node: Spawn, free_por
     assert set(values(everyone, "closed?").values()) == {True}
 
 
+def test_a_spare_outwaits_its_join_timeout_and_takes_a_killed_nodes_rank(
+    spawn_node: Spawn, free_port: int
+) -> None:
+    """A spare (beyond max_nodes) never times out while it waits: when a
+    participant is killed, it gets a seat, with stable_ranks the dead node's
+    rank, and the round completes at max_nodes without a last call (the last
+    call is beyond the test's patience)."""
+    endpoint = f"{ADDR}:{free_port}"
+    run_id = _run_id()
+    spare_join = 3.0
+
+    def spec(is_host: bool = False, join_timeout: float = LONG_JOIN) -> dict[str, Any]:
+        return node_spec(
+            endpoint,
+            run_id,
+            min_nodes=1,
+            max_nodes=2,
+            is_host=is_host,
+            join_timeout=join_timeout,
+            last_call_timeout=LONG_JOIN,
+            stable_ranks=True,
+        )
+
+    # The host only hosts the store, so that the node of rank 0 can be killed.
+    _, first, second = start_nodes(
+        spawn_node, [("host", spec(is_host=True)), ("p0", spec()), ("p1", spec())]
+    )
+    spare = spawn_node("spare", spec(join_timeout=spare_join))
+    spare.wait_ready()
+    victim, survivor = check_round([first, second], ask_all([first, second], "next"))
+    spare.send("next")
+    # Past its join timeout twice (it reads the state at each): still waiting.
+    assert_silent([spare], 2 * spare_join + 1, "a spare has no join timeout")
+    victim.kill()
+    survivor.send("next")  # as an agent whose workers lost their peer
+    answers = collect([survivor, spare], ROUND_TIMEOUT, "the round after the kill")
+    check_round([survivor, spare], answers)
+    assert answers[survivor.name]["rank"] == 1, "the survivor keeps its rank"
+    assert answers[spare.name]["rank"] == 0, "the spare takes the killed node's rank"
+    assert answers[spare.name]["elapsed"] > 2 * spare_join
+
+
 # ---------------------------------------------------------------------------
 # 5. A join that times out is rolled back.
 # ---------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def test_file_store(tmp_path):
         ({"keep_alive_max_attempt": "many"}, "keep_alive_max_attempt"),
         ({"join_timeout": "x"}, "join_timeout"),
         ({"is_host": "maybe"}, "is_host"),
+        ({"stable_ranks": "sometimes"}, "stable_ranks"),
     ],
 )
 def test_bad_config_is_named(free_port, config, match):
@@ -165,6 +166,12 @@ def test_settings_from_config_strings():
     assert settings.keep_alive_interval.total_seconds() == 2
     assert settings.keep_alive_max_attempt == 4
     assert (settings.min_nodes, settings.max_nodes, settings.run_id) == (1, 2, "job")
+    assert settings.stable_ranks is False  # today's order unless asked
+
+
+@pytest.mark.parametrize(("given", "stable"), [("1", True), ("True", True), ("no", False)])
+def test_stable_ranks_from_config_strings(given, stable):
+    assert settings_from(params("core", "h:1", stable_ranks=given)).stable_ranks is stable
 
 
 @pytest.mark.parametrize(
@@ -220,12 +227,14 @@ def test_the_torchrun_plugin_is_backend_core_named_tp(free_port, caplog):
     assert creator is entry.load()()
     endpoint = f"127.0.0.1:{free_port}"
     host = creator(torchrun_params(endpoint, is_host="1", keep_alive_interval="1"))
-    guest = creator(torchrun_params(endpoint, is_host="0", join_timeout="30"))
+    guest = creator(torchrun_params(endpoint, is_host="0", join_timeout="30", stable_ranks="true"))
     assert (host.get_backend(), guest.get_backend()) == ("tp", "tp")
     assert host._store.server is not None
     assert guest._store.server is None
     assert host.settings.keep_alive_interval == timedelta(seconds=1)
     assert guest.settings.timeout.join == timedelta(seconds=30)
+    # --rdzv-conf stable_ranks=true reaches the settings the steward decides by.
+    assert (host.settings.stable_ranks, guest.settings.stable_ranks) == (False, True)
     with ThreadPoolExecutor(2) as pool:
         infos = list(pool.map(lambda handler: handler.next_rendezvous(), [host, guest]))
     assert sorted(info.rank for info in infos) == [0, 1]

@@ -282,6 +282,13 @@ def test_settings_forms_agree():
     )
     assert repr(positional) == repr(keywords)
     assert keywords.liveness_bound == timedelta(seconds=10)
+    assert positional.stable_ranks is False
+    stable = positional.with_stable_ranks()
+    assert (stable.stable_ranks, positional.stable_ranks) == (True, False)
+    assert repr(stable) == repr(positional).replace("stable_ranks=False", "stable_ranks=True")
+    assert stable.with_stable_ranks(False).stable_ranks is False
+    with pytest.raises(TypeError, match="stable_ranks must be a bool"):
+        positional.with_stable_ranks("yes")  # type: ignore[arg-type]
 
 
 def test_many_threads_one_round(make_node):

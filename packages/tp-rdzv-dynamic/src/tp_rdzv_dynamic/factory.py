@@ -4,9 +4,11 @@ Config keys (times in seconds; strings from a command line are fine):
 ``is_host``, ``read_timeout`` (60; 300 for a file store, PyTorch's FileStore
 timeout), ``join_timeout``, ``last_call_timeout``,
 ``close_timeout``, ``heartbeat_timeout``, ``keep_alive_interval`` (5),
-``keep_alive_max_attempt`` (3) and ``store_type`` (``tcp`` or ``file``; with
-``file`` the endpoint is the file's path, and an empty endpoint a new
-temporary file).
+``keep_alive_max_attempt`` (3), ``stable_ranks`` (a bool, off by default:
+survivors keep their ranks from round to round, see
+:meth:`~.settings.RendezvousSettings.with_stable_ranks`) and ``store_type`` (``tcp`` or
+``file``; with ``file`` the endpoint is the file's path, and an empty
+endpoint a new temporary file).
 
 Securing the TCP store (paths of PEM files; see ``tp_store.TCPStore``):
 
@@ -64,7 +66,9 @@ _STORE_TYPES = ("tcp", "file")
 #: Config keys naming files that secure the TCP store, as TCPStore's keyword arguments.
 SECURITY_KEYS = STORE_SECURITY_KEYS
 #: The config keys :func:`settings_from` reads (every dynamic backend, ``etcd`` too).
-SETTINGS_KEYS = frozenset({*TIMEOUT_KEYS.values(), "keep_alive_interval", "keep_alive_max_attempt"})
+SETTINGS_KEYS = frozenset(
+    {*TIMEOUT_KEYS.values(), "keep_alive_interval", "keep_alive_max_attempt", "stable_ranks"}
+)
 #: The config keys :func:`create_store` reads.
 STORE_KEYS = frozenset({"store_type", "read_timeout", "is_host", *SECURITY_KEYS})
 #: Every config key backends ``core``, ``c10d`` and ``p10d`` read; others get a warning.
@@ -133,6 +137,8 @@ def settings_from(params: RendezvousParameters) -> RendezvousSettings:
         raise ValueError(
             f"rendezvous config option 'keep_alive_max_attempt' must be >= 1, got {attempts}"
         )
+    stable_ranks = params.get_as_bool("stable_ranks", False)
+    assert stable_ranks is not None
     return RendezvousSettings(
         run_id=params.run_id,
         min_nodes=params.min_nodes,
@@ -142,7 +148,7 @@ def settings_from(params: RendezvousParameters) -> RendezvousSettings:
         if interval is None
         else to_seconds("keep_alive_interval", interval),
         keep_alive_max_attempt=attempts,
-    )
+    ).with_stable_ranks(stable_ranks)
 
 
 def create_store(params: RendezvousParameters) -> Store:

@@ -38,6 +38,7 @@ from .node.closing import close_run, closed_error
 from .node.heartbeats import Heartbeats, JoinTicks
 from .node.presence import NodePresence
 from .node.rollback import roll_back_join
+from .node.spares import JoinDeadline
 from .settings import RendezvousSettings
 from .status import RendezvousStatus, observe_run
 from .steward.office import StewardOffice
@@ -200,6 +201,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousExhaustedError: the join timeout passed with fewer than
                 ``min_nodes`` gathered (this node's join is rolled back).
             RendezvousTimeoutError: the join timeout passed (rolled back too).
+                Not while this node is a spare (beyond ``max_nodes``, waiting
+                for a participant to leave): it waits as long as it takes.
             RendezvousConnectionError: the store failed.
             RendezvousStateError: the stored state is corrupt.
         """
@@ -235,7 +238,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Post this node's join; the outcome of the first round that seats it, and its rank."""
         board, node = self._board, self._node
         now = time.monotonic()
-        deadline = now + self._settings.timeout.join.total_seconds()
+        # A spare (beyond max_nodes) has no deadline while it waits.
+        deadline = JoinDeadline(node, self._holder, self._settings.timeout.join, now)
         # Present before the join is posted: the steward watches whom it seats.
         if self._presence.open():
             counter = None
@@ -261,12 +265,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         try:
             while True:
                 now = time.monotonic()
-                if now >= deadline:
+                if deadline.expired(now):
                     self._ticks.stop()  # no join posted again after the leave
                     error = roll_back_join(node, self._settings, board, self._round)
                     self._office.stop()  # after the receipt: this node's steward may confirm it
                     raise error
-                outcome = board.await_outcome(round_, deadline - now)
+                outcome = board.await_outcome(round_, deadline.remaining(now))
                 if outcome is None:
                     continue
                 if outcome.error is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +55,8 @@ class RendezvousSettings:
             dead (>= 1; 3 by default).
 
     Wrong types raise ``TypeError``; out-of-range values ``ValueError``.
+    Stable ranks are off: :meth:`with_stable_ranks` turns them on (the
+    constructor keeps PyTorch's signature).
     """
 
     __slots__ = (
@@ -62,6 +65,7 @@ class RendezvousSettings:
         "_max_nodes",
         "_min_nodes",
         "_run_id",
+        "_stable_ranks",
         "_timeout",
     )
 
@@ -146,6 +150,23 @@ class RendezvousSettings:
                 f"RendezvousSettings keep_alive_interval x keep_alive_max_attempt "
                 f"({self._keep_alive_interval} x {self._keep_alive_max_attempt}) is too long"
             )
+        self._stable_ranks = False
+
+    def with_stable_ranks(self, stable: bool = True) -> RendezvousSettings:
+        """These settings with stable ranks on (or off, with ``stable=False``).
+
+        With stable ranks, a survivor of a round keeps its rank in the next
+        one while the rank is below the new world size, and a node replacing
+        a dead one takes its rank. Off (the default), survivors keep their
+        relative order and the ranks close up behind a departed node.
+        ``node_rank`` hints come first either way. The config key is
+        ``stable_ranks``.
+        """
+        if not isinstance(stable, bool):
+            raise TypeError(f"RendezvousSettings stable_ranks must be a bool, got {stable!r}")
+        changed = copy.copy(self)
+        changed._stable_ranks = stable
+        return changed
 
     @property
     def run_id(self) -> str:
@@ -178,6 +199,11 @@ class RendezvousSettings:
         return self._keep_alive_max_attempt
 
     @property
+    def stable_ranks(self) -> bool:
+        """Whether survivors keep their ranks across rounds (see :meth:`with_stable_ranks`)."""
+        return self._stable_ranks
+
+    @property
     def liveness_bound(self) -> timedelta:
         """How long a node may stay silent: ``keep_alive_interval x keep_alive_max_attempt``."""
         return self._keep_alive_interval * self._keep_alive_max_attempt
@@ -188,5 +214,6 @@ class RendezvousSettings:
             f"RendezvousSettings(run_id={self._run_id!r}, min_nodes={self._min_nodes}, "
             f"max_nodes={self._max_nodes}, timeout={self._timeout!r}, "
             f"keep_alive_interval={self._keep_alive_interval.total_seconds():g}s, "
-            f"keep_alive_max_attempt={self._keep_alive_max_attempt})"
+            f"keep_alive_max_attempt={self._keep_alive_max_attempt}, "
+            f"stable_ranks={self._stable_ranks})"
         )

@@ -115,16 +115,20 @@ class _Batch:
         state = self.state
         if state.closed:
             return
-        if node in state.participants:
-            if not state.complete or round_ <= state.round:
-                return  # already gathered for the open round, or seated in this one
-            # A participant of the completed round asks for the next one: it
-            # leaves this round first (PyTorch's exit-then-join).
-            self._remove_participant(node)
+        rejoining = node in state.participants
+        if rejoining and (not state.complete or round_ <= state.round):
+            return  # already gathered for the open round, or seated in this one
         if hint is None:
             state.hints.pop(node, None)
         else:
             state.hints[node] = hint
+        if rejoining:
+            # A participant of the completed round asks for the next one: it
+            # leaves this round (PyTorch's exit-then-join) as a candidate for
+            # the next, so that the last survivor back is seated before spares.
+            state.wait_list[node] = None
+            self._remove_participant(node)
+            return
         if node in state.wait_list or node in state.redundancy_list:
             return
         if not state.complete:
@@ -190,7 +194,12 @@ class _Batch:
 
     def complete_round(self) -> None:
         state = self.state
-        order = assign_ranks(state.participants, state.hints, state.last_order)
+        order = assign_ranks(
+            state.participants,
+            state.hints,
+            state.last_order,
+            stable=self.settings.stable_ranks,
+        )
         state.participants = {node: rank for rank, node in enumerate(order)}
         state.complete = True
         state.last_order = order
@@ -201,13 +210,18 @@ def assign_ranks(
     nodes: Iterable[_NodeDesc],
     hints: Mapping[_NodeDesc, int],
     previous_order: Sequence[_NodeDesc],
+    *,
+    stable: bool = False,
 ) -> list[_NodeDesc]:
-    """``nodes`` in rank order.
+    """``nodes`` in rank order; ``previous_order`` is the previous round's, by rank.
 
     A ``node_rank`` hint below the world size that no other node of the round
-    shares is honoured. The other ranks go first to the survivors of the
-    previous round in their previous order, then to newcomers in the natural
-    order of ``(addr, pid, local_id)``.
+    shares is honoured first. With ``stable``, a survivor of the previous
+    round then keeps its rank if it is below the world size and no hint took
+    it. The ranks left go, lowest first, to the other survivors in their
+    previous order, then to newcomers in the natural order of
+    ``(addr, pid, local_id)``: a newcomer replacing a dead node (a spare)
+    takes its rank.
     """
     members = list(nodes)
     world_size = len(members)
@@ -218,6 +232,12 @@ def assign_ranks(
     }
     placed = set(fixed.values())
     previous = {node: index for index, node in enumerate(previous_order)}
+    if stable:
+        for node in members:
+            rank = previous.get(node, world_size)
+            if rank < world_size and rank not in fixed and node not in placed:
+                fixed[rank] = node
+                placed.add(node)
     survivors = sorted(
         (n for n in members if n in previous and n not in placed), key=previous.__getitem__
     )
