@@ -136,30 +136,21 @@ def test_the_secret_from_the_environment(free_port: int, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize(
-    ("config", "error", "match"),
+    ("config", "match"),
     [
-        ({"tls_ca": ""}, ValueError, "'tls_ca' must be the path of a file"),
-        ({"secret_file": 3}, ValueError, "'secret_file' must be the path of a file"),
-        # Found while opening the store, which wraps what it raises (as torch's c10d factory).
-        (
-            {"tls_ca": "/nonexistent/ca.pem", "is_host": False},
-            RendezvousConnectionError,
-            "cannot load the server CA file",
-        ),
-        (
-            {"secret_file": "/nonexistent/secret"},
-            RendezvousConnectionError,
-            "cannot read the store secret file",
-        ),
+        ({"tls_ca": ""}, "'tls_ca' must be the path of a file"),
+        ({"secret_file": 3}, "'secret_file' must be the path of a file"),
+        ({"tls_ca": "/nonexistent/ca.pem", "is_host": False}, "cannot load the server CA file"),
+        ({"secret_file": "/nonexistent/secret"}, "cannot read the store secret file"),
     ],
 )
 def test_bad_security_config_is_named(
-    free_port: int, config: dict[str, object], error: type[Exception], match: str
+    free_port: int, config: dict[str, object], match: str
 ) -> None:
     params = RendezvousParameters(
         "core", f"127.0.0.1:{free_port}", "job", min_nodes=1, max_nodes=1, config=config
     )
-    with pytest.raises(error, match=match):
+    with pytest.raises(ValueError, match=match):
         create_store(params)
 
 
