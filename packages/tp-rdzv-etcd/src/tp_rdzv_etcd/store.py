@@ -55,7 +55,7 @@ from tp_store.semantics import (
     key_text,
     timeout_error,
 )
-from tp_store.session import session_timeout_seconds
+from tp_store.sessions.base import session_timeout_seconds
 
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
