@@ -25,8 +25,7 @@ DEFAULT_API = Path(__file__).resolve().parent / "reference" / "rendezvous-api.md
 
 # "## Classes 9": a section of the published page and how many names it has.
 _SECTION = re.compile(r"^## (?P<title>\w+) (?P<count>\d+)\s*$")
-# A heading may carry its anchor as an attribute list: "### name {#api-...}".
-_NAME = re.compile(r"^### (?P<name>\w+)(?:\s+\{#[^}]*\})?\s*$")
+_NAME = re.compile(r"^### (?P<name>\w+)\s*$")
 _FENCE = re.compile(r"^```")
 # Words before a member's name in its code block: "abstractmethod get_backend() → str".
 _QUALIFIERS = {"abstractmethod", "async", "classmethod", "property", "staticmethod"}
