@@ -9,7 +9,12 @@ the kill until the first training step of the survivor's workers after their
 restart (the earliest of their first ``all_reduce``-checked steps); a second
 row per way is the time until the first of those workers started (the
 agent's detection and the rendezvous, without torch's import in the
-workers). Both
+workers); a third is the *detection time*, from the kill until the survivor
+logged the dead node's removal (``departures.py`` says which records count,
+for ours and for torch). Each agent runs through ``logged_torchrun.py``, which
+notes those records. For ours, each run also records whether the dead node's
+agent held the steward lease (read from the store before the kill) and when
+the survivor took the lease over. Both
 implementations run with the same rendezvous settings
 (``keep_alive_interval=1,keep_alive_max_attempt=2,last_call_timeout=1``):
 
@@ -35,7 +40,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from departures import first_removal, first_takeover, read_departures
 from hostinfo import host_info, load_average
+from logged_torchrun import DEPARTURES_ENV
 from metrics import Metric, format_table
 
 HERE = Path(__file__).resolve().parent
@@ -53,30 +60,55 @@ from torchrun_job import (  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "restart_bench.json"
 BACKENDS = {"ours": "tp", "torch": "c10d"}
+#: Every agent runs torchrun through this, which notes the departure records.
+LAUNCHER = (sys.executable, str(HERE / "logged_torchrun.py"))
 #: Generous bounds: a loaded machine takes many seconds just to import torch.
 START_TIMEOUT = 300.0
 RESUME_TIMEOUT = 300.0
 
 
 def one_run(directory: Path, endpoint: str, backend: str, killed_group_rank: int) -> dict[str, Any]:
-    """Kill node ``killed_group_rank`` of a fresh job; when and at which restart the survivor
-    trained again (``seconds`` is None when it never did)."""
-    job = ElasticJob(directory, backend, endpoint, RDZV_CONF)
+    """Kill node ``killed_group_rank`` of a fresh job; when the survivor detected it, when
+    and at which restart it trained again (``seconds`` is None when it never did)."""
+    departures = directory / "departures"
+    departures.mkdir(parents=True)
+    job = ElasticJob(
+        directory,
+        backend,
+        endpoint,
+        RDZV_CONF,
+        launcher=LAUNCHER,
+        env={DEPARTURES_ENV: str(departures)},
+    )
     try:
         job.start()
-        survivor, killed_at = job.kill_group_rank(killed_group_rank, START_TIMEOUT)
+        victim = job.node_of_group_rank(killed_group_rank, START_TIMEOUT)
+        steward = job.steward_pid() if backend == "tp" else None
+        survivor, killed_at = job.kill_node(victim)
         exit_code = job.wait_exit(survivor, RESUME_TIMEOUT)
+        noted = read_departures(departures)
+        removal = first_removal(noted, victim.proc.pid, killed_at)
+        takeover = first_takeover(noted, killed_at)
+        result: dict[str, Any] = {
+            "seconds": None,
+            "workers_started": None,
+            "detected": None if removal is None else round(removal.wall - killed_at, 3),
+            "detected_by": None if removal is None else removal.action,
+            "victim_was_steward": None if steward is None else steward == victim.proc.pid,
+            "takeover": None if takeover is None else round(takeover.wall - killed_at, 3),
+            "restart": None,
+            "exit": exit_code,
+        }
         for attempt in (1, 2, 3):
             names = [f"done-a{attempt}-r{rank}" for rank in range(WORKERS_PER_NODE)]
             if all((job.markers / name).exists() for name in names):
                 resumed = job.wait_for(names, 0).values()
-                return {
-                    "seconds": round(min(r["first_step"] for r in resumed) - killed_at, 3),
-                    "workers_started": round(min(r["started"] for r in resumed) - killed_at, 3),
-                    "restart": attempt,
-                    "exit": exit_code,
-                }
-        return {"seconds": None, "workers_started": None, "restart": None, "exit": exit_code}
+                result["seconds"] = round(min(r["first_step"] for r in resumed) - killed_at, 3)
+                started = min(r["started"] for r in resumed)
+                result["workers_started"] = round(started - killed_at, 3)
+                result["restart"] = attempt
+                break
+        return result
     finally:
         job.close()
 
@@ -92,6 +124,9 @@ def summarize(runs: list[dict[str, Any]], killed: int, field: str, what: str) ->
             f"runs {[r.get(field) for r in mine]}, resumed at restart "
             f"{[r['restart'] for r in mine]}"
         )
+        if impl == "ours":
+            stewards = [r.get("victim_was_steward") for r in mine]
+            metric.notes[impl] += f", the dead node was the steward {stewards}"
     return metric
 
 
@@ -131,8 +166,9 @@ def main() -> int:
         summarize(runs, killed, field, what)
         for killed in (0, 1)
         for field, what in (
-            ("seconds", "until the survivor's first step"),
+            ("detected", "until the survivor logs the removal (detection)"),
             ("workers_started", "until its new workers start"),
+            ("seconds", "until the survivor's first step"),
         )
     ]
     print(format_table(metrics))

@@ -12,8 +12,10 @@ over the same span.
 
 With ``victims``, that many nodes run in processes of their own; after the
 first round they are killed with SIGKILL and the survivors call
-``next_rendezvous()`` again (min = N - victims): the time is from the kill to
-the last survivor's return.
+``next_rendezvous()`` again (min = N - victims): the recovery is the time from
+the kill to the last survivor's return, the detection the time from the kill
+to the steward's record of the last victim's removal (``departures.py``: every
+node process notes those records and reports them when asked).
 
 Node processes are this file run as a script (``spread.py node ...``). With
 ``profile`` (a directory), every node process and the server run under
@@ -40,6 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from departures import Departure, removal_times, watch_departures
 from hostinfo import load_average
 from node_messages import NodeProcess, send_message
 from store_bench import Server, child_env, start_server
@@ -92,6 +95,8 @@ class SpreadResult:
     load: list[float] | None  # load averages at the end
     ops: dict[str, int] = field(default_factory=dict)  # our server's requests in the round
     recovery: float | None = None  # kill case: from the kill to the last survivor's return
+    detection: float | None = None  # kill case: from the kill to the last victim's removal
+    detected: int = 0  # kill case: how many victims a removal record named
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +108,8 @@ class SpreadResult:
             "load": self.load,
             "ops": self.ops,
             "recovery": None if self.recovery is None else round(self.recovery, 4),
+            "detection": None if self.detection is None else round(self.detection, 4),
+            "detected": self.detected,
         }
 
 
@@ -164,7 +171,7 @@ def run_spread(
             group.collect("ready", group.slots, max(timeout, 120))
             result = group.first_round(case.nodes)
             if victims:
-                result.recovery = group.recovery(group.slots[len(counts) :], min_nodes)
+                group.recover(result, group.slots[len(counts) :], min_nodes)
             return result
         finally:
             group.stop()
@@ -216,8 +223,9 @@ class _Group:
             ops={op: count - ops_before.get(op, 0) for op, count in ops.items() if count},
         )
 
-    def recovery(self, victims: Sequence[int], survivors: int) -> float:
-        """SIGKILL the processes of ``victims``; seconds until every survivor's next round."""
+    def recover(self, result: SpreadResult, victims: Sequence[int], survivors: int) -> None:
+        """SIGKILL the processes of ``victims``; note in ``result`` the seconds until every
+        survivor's next round and until the removal of the last victim."""
         killed_at = time.monotonic()
         for slot in victims:
             os.kill(self.nodes[slot].proc.pid, signal.SIGKILL)
@@ -226,7 +234,15 @@ class _Group:
             self.nodes[slot].tell("next")
         joined = self.collect("joined", alive, self.timeout)
         self._verify(joined, survivors)
-        return max(at for message in joined.values() for at in message["at"]) - killed_at
+        result.recovery = max(at for message in joined.values() for at in message["at"]) - killed_at
+        for slot in alive:
+            self.nodes[slot].tell("departures")
+        reported = self.collect("departures", alive, self.timeout)
+        noted = [Departure.from_json(item) for m in reported.values() for item in m["records"]]
+        pids = [self.nodes[slot].proc.pid for slot in victims]
+        removed = removal_times(noted, pids, killed_at)
+        result.detected = len(removed)
+        result.detection = max(removed.values()) - killed_at if removed else None
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -293,10 +309,13 @@ def node_main(spec: dict[str, Any]) -> int:
 
     ``next``: every node calls ``next_rendezvous()``; the process reports when
     each returned (``CLOCK_MONOTONIC``), the ranks, a digest of each
-    participant list and its CPU seconds. Exits when stdin closes.
+    participant list and its CPU seconds. ``departures``: the departure
+    records logged here so far. Exits when stdin closes.
     """
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     threading.stack_size(256 * 1024)
+    noted: list[Departure] = []
+    watch_departures(noted.append, with_torch=spec["impl"] == "torch")
     handlers = [_make_handler(spec) for _ in range(spec["count"])]
     rounds = [threading.Semaphore(0) for _ in handlers]
     done: queue.Queue[tuple[float, Any, str | None]] = queue.Queue()
@@ -315,6 +334,8 @@ def node_main(spec: dict[str, Any]) -> int:
         threading.Thread(target=node, args=(index,), daemon=True).start()
     send_message("ready", pid=os.getpid())
     for line in sys.stdin:
+        if line.strip() == "departures":
+            send_message("departures", records=[departure.to_json() for departure in noted])
         if line.strip() != "next":
             continue
         cpu = _cpu_seconds()
