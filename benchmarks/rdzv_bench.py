@@ -64,6 +64,9 @@ from spread import SpreadCase, SpreadResult, collect, run_spread
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "rdzv_bench.json"
+# --recovery: the kill cases alone (the report's recovery section reads this file).
+RECOVERY_OUT = HERE / "results" / "rdzv_recovery.json"
+RECOVERY_SPREAD = "1000:8:100"
 # Doubling sizes, so the report's log-log plot has a curve to show.
 DEFAULT_SIZES = (8, 16, 32, 64, 128, 256, 512, 1000)
 QUICK_SIZES = (8, 32)
@@ -825,7 +828,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=DEFAULT_TIMEOUT,
         help="seconds allowed per round (join timeout too; default %(default)s)",
     )
-    parser.add_argument("--json", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    parser.add_argument(
+        "--recovery",
+        action="store_true",
+        help=f"the kill cases alone: --sizes '' --no-etcd --spread {RECOVERY_SPREAD}, "
+        f"JSON to {RECOVERY_OUT.relative_to(HERE.parent)} unless --json says otherwise",
+    )
+    parser.add_argument("--json", type=Path, help=f"JSON results path (default {DEFAULT_OUT})")
     # The node-process mode of the kill scenario.
     parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
@@ -833,6 +842,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-id", help=argparse.SUPPRESS)
     parser.add_argument("--is-host", choices=("true", "false"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.recovery:
+        args.sizes, args.no_etcd, args.no_kill = (), True, False
+        args.spread = [SpreadCase.parse(RECOVERY_SPREAD)]
+    if args.json is None:
+        args.json = RECOVERY_OUT if args.recovery else DEFAULT_OUT
     args.impls = [args.only] if args.only else list(IMPLS)
     if args.spread is None:
         args.spread = [] if args.quick else [SpreadCase.parse(text) for text in DEFAULT_SPREAD]

@@ -252,6 +252,11 @@ class EtcdMember:
     def _wait_serving(self, timeout: float) -> bool:
         return self._settled.wait(timeout) and self._serving and self.alive()
 
+    @property
+    def pid(self) -> int | None:
+        """The process's id once started (benchmarks read its CPU time from ``/proc``)."""
+        return None if self._proc is None else self._proc.pid
+
     def alive(self) -> bool:
         """Whether the process is running."""
         return self._proc is not None and self._proc.poll() is None
