@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hostinfo import host_info, load_average
+from hostinfo import host_info, load_average, versions
 from metrics import Metric, format_table
 from spread import (
     ROUND_CONFIG,
@@ -193,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON written")
     args = parser.parse_args(argv)
 
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     host = host_info()
+    began = time.monotonic()
     runs: dict[str, Any] = {}
     metrics = []
     for store in [args.only] if args.only else STORES:
@@ -218,21 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     from tp_rdzv_etcd.local import etcd_version, find_etcd
 
     binary = find_etcd(args.etcd_binary)
+    etcd = None if binary is None or args.only == "ours" else etcd_version(binary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
                 "benchmark": "idle_bench",
-                "started": started,
+                "date": date,
+                "host": host | {"load_average_at_end": load_average()},
+                "versions": versions(["ours"]) | {"etcd": etcd or "not run"},
+                "seconds": round(time.monotonic() - began, 1),
                 "config": {
                     "nodes": args.nodes,
                     "processes": args.processes,
                     "seconds": args.seconds,
                     "settle": args.settle,
                     "settings": ROUND_CONFIG,
-                    "etcd": None if binary is None else etcd_version(binary),
                 },
-                "host": host | {"load_average_at_end": load_average()},
                 "metrics": [metric.to_json() for metric in metrics],
                 "runs": runs,
             },

@@ -38,7 +38,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import queue
 import resource
 import signal
@@ -56,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from departures import Departure, removal_times, watch_departures
-from hostinfo import host_info, load_average
+from hostinfo import host_info, load_average, versions
 from metrics import Metric, format_table
 from node_messages import NodeProcess, send_message
 from spread import SpreadCase, SpreadResult, collect, run_spread
@@ -737,23 +736,6 @@ def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
                 return timing.last, note
 
             recorder.measure(etcd_metric_name(size), "ours", first_round)
-
-
-def versions(impls: Sequence[str]) -> dict[str, str]:
-    import importlib.metadata
-
-    found = {"python": platform.python_version()}
-    wanted = {
-        "ours": ("tp-store", "tp-rdzv-api", "tp-rdzv-dynamic", "tp-rdzv-etcd"),
-        "torch": ("torch",),
-    }
-    for impl in impls:
-        for distribution in wanted[impl]:
-            try:
-                found[distribution] = importlib.metadata.version(distribution)
-            except importlib.metadata.PackageNotFoundError:
-                found[distribution] = "not installed"
-    return found
 
 
 def raise_limits() -> None:

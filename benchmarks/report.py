@@ -11,7 +11,11 @@ Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
 - ``store-ops.png``: store operations per second, ours next to torch;
 - ``rendezvous-spread-returns.png``: for each spread case (N nodes over P
   processes, the server alone), every node's time from the start signal to
-  its return, as a histogram: where the round's tail is.
+  its return, as a histogram: where the round's tail is;
+- the recovery section (``recovery_report.py``): from the results of
+  ``restart_bench.py``, ``rdzv_bench.py --recovery`` and ``idle_bench.py``
+  and of the same before issue 25 (``results/issue25-baseline/``), with
+  ``recovery-restart.png``.
 
 Measuring and rendering are separate: ``nox -s bench`` runs both benchmarks
 and then this script, and ``python benchmarks/report.py`` alone regenerates
@@ -28,7 +32,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import recovery_report
 from metrics import Metric
+from recovery_report import RecoveryRuns
 from report_parts import (
     ETCD_COLOR,
     EVEN,
@@ -38,6 +44,7 @@ from report_parts import (
     config_line,
     escape,
     load_run,
+    machine_caption,
     machine_table,
     markdown_table,
     notes_block,
@@ -66,24 +73,6 @@ ETCD_ROUND = re.compile(r"^first round, (\d+) nodes, on etcd$")
 
 
 # -- the plots -----------------------------------------------------------------------------
-
-
-def machine_caption(run: Run) -> str:
-    """One line naming the machine and date of ``run``, for the foot of a plot."""
-    host = run.data.get("host", {})
-    versions = run.data.get("versions", {})
-    parts = [f"{host.get('cpus', '?')} CPUs"]
-    if host.get("cpu_model"):
-        parts[0] += f" ({host['cpu_model']})"
-    if host.get("memory_gib"):
-        parts.append(f"{host['memory_gib']:g} GiB")
-    if versions.get("python"):
-        parts.append(f"Python {versions['python']}")
-    if versions.get("torch"):
-        parts.append(f"torch {versions['torch']}")
-    if versions.get("etcd") and versions["etcd"] != "not run":
-        parts.append(f"etcd {versions['etcd']}")
-    return f"{run.date}; " + ", ".join(parts)
 
 
 def series(run: Run, pattern: re.Pattern[str], side: str) -> list[tuple[int, float]]:
@@ -435,7 +424,7 @@ def slower_rows(runs: Iterable[Run]) -> list[Metric]:
     return found
 
 
-def page(store: Run | None, rdzv: Run | None, alts: dict[str, str]) -> str:
+def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict[str, str]) -> str:
     """The Markdown of docs/benchmarks/index.md."""
     out: list[str] = []
     add = out.append
@@ -501,6 +490,10 @@ def page(store: Run | None, rdzv: Run | None, alts: dict[str, str]) -> str:
             "first round; the survivors' new round is timed from the kill.\n"
         )
         add(spread_table(rdzv) + "\n")
+
+    recovery_section = recovery_report.section(recovery, alts)
+    if recovery_section:
+        add(recovery_section)
 
     add("## Store: operations per second, storms and memory\n")
     if store is None:
@@ -572,9 +565,9 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     """Write the page and the plots of the runs stored at the two paths; return what was written."""
     store = load_run(store_path)
     rdzv = load_run(rdzv_path)
-    written = []
-    alts: dict[str, str] = {}
+    recovery = RecoveryRuns.load()
     out_dir.mkdir(parents=True, exist_ok=True)
+    alts, written = recovery_report.write_plots(recovery, out_dir)
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)
@@ -588,7 +581,7 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
         if "matrix" in store.data:
             alts[MATRIX_PNG] = plot_matrix(store, out_dir / MATRIX_PNG)
             written.append(out_dir / MATRIX_PNG)
-    (out_dir / PAGE).write_text(page(store, rdzv, alts))
+    (out_dir / PAGE).write_text(page(store, rdzv, recovery, alts))
     written.append(out_dir / PAGE)
     return written
 

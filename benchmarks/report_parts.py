@@ -139,6 +139,24 @@ def save(fig: Any, path: Path) -> None:
     fig.savefig(path, format="png", metadata={"Software": None}, bbox_inches="tight")
 
 
+def machine_caption(run: Run) -> str:
+    """One line naming the machine and date of ``run``, for the foot of a plot."""
+    host = run.data.get("host", {})
+    versions = run.data.get("versions", {})
+    parts = [f"{host.get('cpus', '?')} CPUs"]
+    if host.get("cpu_model"):
+        parts[0] += f" ({host['cpu_model']})"
+    if host.get("memory_gib"):
+        parts.append(f"{host['memory_gib']:g} GiB")
+    if versions.get("python"):
+        parts.append(f"Python {versions['python']}")
+    if versions.get("torch"):
+        parts.append(f"torch {versions['torch']}")
+    if versions.get("etcd") and versions["etcd"] != "not run":
+        parts.append(f"etcd {versions['etcd']}")
+    return f"{run.date}; " + ", ".join(parts)
+
+
 def machine_table(runs: Sequence[tuple[str, Run]]) -> str:
     """The machine, versions and date of every run, a column each."""
 

@@ -36,12 +36,13 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from departures import first_removal, first_takeover, read_departures
-from hostinfo import host_info, load_average
+from hostinfo import host_info, load_average, versions
 from logged_torchrun import DEPARTURES_ENV
 from metrics import Metric, format_table
 
@@ -136,8 +137,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON written")
     args = parser.parse_args()
 
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    load_before = load_average()
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    host = host_info()
+    began = time.monotonic()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
@@ -176,17 +178,16 @@ def main() -> int:
         for impl, note in metric.notes.items():
             print(f"  {metric.name} [{impl}]: {note}")
 
-    import torch  # only for its version, after the runs
-
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
                 "benchmark": "restart_bench",
-                "started": started,
-                "settings": FAST_FAILOVER,
-                "torch": torch.__version__,
-                "host": {**host_info(), "load_before": load_before, "load_after": load_average()},
+                "date": date,
+                "host": host | {"load_average_at_end": load_average()},
+                "versions": versions(list(BACKENDS)),
+                "seconds": round(time.monotonic() - began, 1),
+                "config": {"rdzv_conf": FAST_FAILOVER, "runs": args.runs},
                 "metrics": [metric.to_json() for metric in metrics],
                 "runs": runs,
             },
