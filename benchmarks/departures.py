@@ -8,9 +8,11 @@ these records naming it, in whichever process logged it:
   :data:`REMOVAL_ACTIONS`, logged by the steward when it removes the node:
   ``node_dead`` (heartbeat counters: the node missed its heartbeats for the
   liveness bound) or ``node_gone`` (presence: the node's store session
-  ended). ``steward_takeover`` (a node took the lease of a steward it found
-  gone; the record's ``node`` is the new steward) is kept too, as its own
-  figure;
+  ended); the record's ``node`` must name the removed node. The records of
+  a node taking office, :data:`TAKEOVER_ACTIONS` (``steward_takeover``: it
+  took the lease of a steward it found silent; ``steward_elected``: a steward
+  starts deciding; their ``node`` is the new steward), are kept too: the first
+  after a kill is the restart bench's ``takeover`` figure;
 - torch: the moment a node's state sync drops the node for an expired
   heartbeat (its keep-alive thread syncs every interval), where torch logs
   ``Detected dead node '<node>', removing it from the rendezvous`` at DEBUG
@@ -35,8 +37,8 @@ from typing import Any
 
 #: Our steward's records of a node's removal (``node_dead``: heartbeats; ``node_gone``: presence).
 REMOVAL_ACTIONS = frozenset({"node_dead", "node_gone"})
-#: Our record of a node taking a vacant or silent steward's lease.
-TAKEOVER_ACTION = "steward_takeover"
+#: Our records of a node taking office as the steward.
+TAKEOVER_ACTIONS = frozenset({"steward_takeover", "steward_elected"})
 #: The action given to torch's removal records.
 TORCH_REMOVAL = "torch_dead_node"
 OURS_LOGGER = "tp_rdzv_dynamic"
@@ -46,7 +48,7 @@ OURS_LOGGER = "tp_rdzv_dynamic"
 class Departure:
     """One record: what it says, about which node, and when (both clocks)."""
 
-    action: str  # one of REMOVAL_ACTIONS, TAKEOVER_ACTION or TORCH_REMOVAL
+    action: str  # one of REMOVAL_ACTIONS, TAKEOVER_ACTIONS or TORCH_REMOVAL
     node: str  # the removed node; for a takeover, the new steward
     wall: float  # time.time() of the record
     monotonic: float  # time.monotonic() (system-wide) when it was noted
@@ -60,7 +62,7 @@ class Departure:
 
     @property
     def is_removal(self) -> bool:
-        return self.action != TAKEOVER_ACTION
+        return self.action not in TAKEOVER_ACTIONS
 
 
 def node_pid(node: str) -> int | None:
@@ -76,7 +78,7 @@ class _DepartureHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         action = getattr(record, "action", None)
-        if action in REMOVAL_ACTIONS or action == TAKEOVER_ACTION:
+        if action in REMOVAL_ACTIONS or action in TAKEOVER_ACTIONS:
             node = str(getattr(record, "node", ""))
             self._report(Departure(action, node, record.created, time.monotonic()))
 

@@ -201,9 +201,11 @@ def targets_table(runs: RecoveryRuns) -> str:
 # -- the plot ----------------------------------------------------------------------------
 
 
-def _restart_runs(run: Run, impl: str, killed: int, field: str) -> list[float]:
+def _restart_runs(run: Run, impl: str, killed: int, field: str) -> list[tuple[float, bool]]:
+    """The ``field`` of each run of ``impl`` that killed group rank ``killed``, and whether
+    the dead node held the steward lease (ours)."""
     return [
-        r[field]
+        (r[field], bool(r.get("victim_was_steward")))
         for r in run.data.get("runs", [])
         if r.get("impl") == impl and r.get("killed_group_rank") == killed and r.get(field)
     ]
@@ -227,20 +229,22 @@ def plot_restart(runs: RecoveryRuns, path: Path) -> str:
     for index, (impl, run, color, label) in enumerate(sides):
         shown: str | None = label  # on the first bar drawn of each side
         for position, (killed, phase, field) in enumerate(bars):
-            values = _restart_runs(run, impl, killed, field)
-            if not values:
+            found = _restart_runs(run, impl, killed, field)
+            if not found:
                 continue
             y = position + (index - (len(sides) - 1) / 2) * height
-            median = statistics.median(values)
+            median = statistics.median(value for value, _ in found)
             medians.append(f"{label}, rank {killed}, {phase}: {median:.2f} s")
             ax.barh(y, median, height=height, color=color, label=shown)
             shown = None
-            ax.plot(values, [y] * len(values), "k.", markersize=4)
+            for steward, marker in ((False, "k."), (True, "kx")):
+                values = [value for value, was in found if was == steward]
+                ax.plot(values, [y] * len(values), marker, markersize=4)
             ax.text(median, y, f" {median:.2f}", va="center", fontsize=7)
     ax.set_yticks(range(len(bars)))
     ax.set_yticklabels([f"rank {killed} killed:\n{phase}" for killed, phase, _ in bars], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds from the SIGKILL (bars: medians; dots: runs)")
+    ax.set_xlabel("seconds from the SIGKILL (bars: medians; dots: runs, x: the steward's node)")
     fig.suptitle("torchrun, one of two nodes killed: when the survivor goes on", fontsize=12)
     ax.set_title(machine_caption(runs.restart), fontsize=8, color="#555555")
     ax.legend(loc="lower right", fontsize=8)

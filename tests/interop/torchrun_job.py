@@ -193,9 +193,10 @@ class ElasticJob:
         finally:
             store.close()
         fields = lease.split(" ")
-        if len(fields) != 4 or fields[1] == "-":
+        holder = fields[1] if len(fields) > 1 else "-"
+        if holder == "-":
             raise JobError(f"no steward holds the lease: {lease!r}{self.logs()}")
-        return int(fields[1].rsplit("_", 2)[1])
+        return int(holder.rsplit("_", 2)[1])
 
     def kill_node(self, victim: Node) -> tuple[Node, float]:
         """SIGKILL ``victim``; the survivor and the wall-clock time of the kill."""
