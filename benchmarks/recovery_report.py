@@ -52,7 +52,6 @@ PHASES = {
     "until its new workers start": "new workers start",
     "until the survivor's first step": "first training step",
 }
-RESTART_ROW = re.compile(r"^kill group rank (\d): (.+)$")
 #: The idle figures of the code before issue 25, as the issue quotes them (ms of CPU per second).
 ISSUE_IDLE_MS = {"our store": 26.7, "etcd": 629.0}
 
@@ -125,19 +124,30 @@ def _first_restarts(run: Run | None) -> tuple[int, int]:
     return sum(1 for r in ours if r.get("restart") == 1), len(ours)
 
 
+def _way(run: dict[str, object]) -> str:
+    """Which node a restart run killed (runs before the steward's way name a group rank)."""
+    return str(run.get("way") or f"group rank {run['killed_group_rank']}")
+
+
+def _ways(*found: Run | None) -> list[str]:
+    """The ways of the restart runs in ``found``, in the order they ran."""
+    ways = [_way(r) for run in found if run is not None for r in run.data.get("runs", [])]
+    return list(dict.fromkeys(ways))
+
+
 def targets_table(runs: RecoveryRuns) -> str:
     """Each target of issue 25, the baseline's figure, today's and whether it is met."""
     rows: list[list[str]] = []
-    for rank in (0, 1):
+    for way in _ways(runs.restart, runs.base_restart):
         for phase, bound in (
             ("until its new workers start", 0.6),
             ("until the survivor's first step", 0.85),
         ):
-            name = f"kill group rank {rank}: {phase}"
+            name = f"kill {way}: {phase}"
             now = _ratio(runs.restart, name)
             rows.append(
                 [
-                    f"torchrun, group rank {rank} killed: kill -> {PHASES[phase]}, ours / torch",
+                    f"torchrun, {way} killed: kill -> {PHASES[phase]}, ours / torch",
                     f"<= {bound}x",
                     _times(_ratio(runs.base_restart, name)),
                     _times(now),
@@ -201,13 +211,13 @@ def targets_table(runs: RecoveryRuns) -> str:
 # -- the plot ----------------------------------------------------------------------------
 
 
-def _restart_runs(run: Run, impl: str, killed: int, field: str) -> list[tuple[float, bool]]:
-    """The ``field`` of each run of ``impl`` that killed group rank ``killed``, and whether
-    the dead node held the steward lease (ours)."""
+def _restart_runs(run: Run, impl: str, way: str, field: str) -> list[tuple[float, bool]]:
+    """The ``field`` of each run of ``impl`` that killed ``way``'s node, and whether the
+    dead node held the steward lease (ours)."""
     return [
         (r[field], bool(r.get("victim_was_steward")))
         for r in run.data.get("runs", [])
-        if r.get("impl") == impl and r.get("killed_group_rank") == killed and r.get(field)
+        if r.get("impl") == impl and _way(r) == way and r.get(field)
     ]
 
 
@@ -222,19 +232,20 @@ def plot_restart(runs: RecoveryRuns, path: Path) -> str:
         commit = runs.base_restart.data.get("versions", {}).get("commit", "")
         sides.append(("ours", runs.base_restart, BASELINE_COLOR, f"ours before ({commit})"))
     sides.append(("torch", runs.restart, TORCH_COLOR, "PyTorch c10d"))
-    bars = [(killed, phase, field) for killed in (0, 1) for phase, field in fields.items()]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    ways = _ways(runs.restart)
+    bars = [(way, phase, field) for way in ways for phase, field in fields.items()]
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * len(bars)))
     height = 0.8 / len(sides)
     medians = []
     for index, (impl, run, color, label) in enumerate(sides):
         shown: str | None = label  # on the first bar drawn of each side
-        for position, (killed, phase, field) in enumerate(bars):
-            found = _restart_runs(run, impl, killed, field)
+        for position, (way, phase, field) in enumerate(bars):
+            found = _restart_runs(run, impl, way, field)
             if not found:
                 continue
             y = position + (index - (len(sides) - 1) / 2) * height
             median = statistics.median(value for value, _ in found)
-            medians.append(f"{label}, rank {killed}, {phase}: {median:.2f} s")
+            medians.append(f"{label}, {way} killed, {phase}: {median:.2f} s")
             ax.barh(y, median, height=height, color=color, label=shown)
             shown = None
             for steward, marker in ((False, "k."), (True, "kx")):
@@ -242,7 +253,7 @@ def plot_restart(runs: RecoveryRuns, path: Path) -> str:
                 ax.plot(values, [y] * len(values), marker, markersize=4)
             ax.text(median, y, f" {median:.2f}", va="center", fontsize=7)
     ax.set_yticks(range(len(bars)))
-    ax.set_yticklabels([f"rank {killed} killed:\n{phase}" for killed, phase, _ in bars], fontsize=8)
+    ax.set_yticklabels([f"{way} killed:\n{phase}" for way, phase, _ in bars], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the SIGKILL (bars: medians; dots: runs, x: the steward's node)")
     fig.suptitle("torchrun, one of two nodes killed: when the survivor goes on", fontsize=12)
@@ -307,8 +318,10 @@ def section(runs: RecoveryRuns, alts: dict[str, str]) -> str:
         add(
             "Two `torchrun --nnodes=1:2 --nproc-per-node=2` agents on one `tp-rdzv store` "
             f"(`--rdzv-conf={escape(conf)}`) train a small DDP model; one node (agent and "
-            "workers) gets SIGKILL. Medians over the runs, ours and PyTorch alternating; the "
-            "notes list every run and, for ours, whether the dead node held the steward lease.\n"
+            "workers) gets SIGKILL: the node of group rank 0, of group rank 1, or the one whose "
+            "agent holds our steward lease (PyTorch has no steward: group rank 0 again). Medians "
+            "over the runs, ours and PyTorch alternating; the notes list every run and, for "
+            "ours, whether the dead node held the steward lease (marked x in the plot).\n"
         )
         add(results_table(runs.restart) + "\n")
         add(notes_block(runs.restart))

@@ -21,8 +21,10 @@ implementations run with the same rendezvous settings
 - **ours**: ``--rdzv-backend=tp`` (this repository's torchrun plugin);
 - **torch**: ``--rdzv-backend=c10d`` (torch's own dynamic rendezvous).
 
-Each way round (the killed node is group rank 0, then group rank 1) runs
-``--runs`` times per implementation, interleaved; the table shows medians, the
+Each way (the killed node is group rank 0, group rank 1, or the node whose
+agent holds our steward lease, read from the store: torch has no steward, its
+runs of that way kill group rank 0) runs ``--runs`` times per implementation,
+interleaved; the table shows medians, the
 JSON every run, with the restart the survivor resumed at (1 is the first;
 a run whose survivor failed for good is counted and has no time).
 
@@ -66,10 +68,16 @@ LAUNCHER = (sys.executable, str(HERE / "logged_torchrun.py"))
 #: Generous bounds: a loaded machine takes many seconds just to import torch.
 START_TIMEOUT = 300.0
 RESUME_TIMEOUT = 300.0
+#: The ways a node is picked to die: its group rank, or None for the steward's node.
+WAYS: dict[str, int | None] = {
+    "group rank 0": 0,
+    "group rank 1": 1,
+    "the steward's node": None,
+}
 
 
-def one_run(directory: Path, endpoint: str, backend: str, killed_group_rank: int) -> dict[str, Any]:
-    """Kill node ``killed_group_rank`` of a fresh job; when the survivor detected it, when
+def one_run(directory: Path, endpoint: str, backend: str, way: str) -> dict[str, Any]:
+    """Kill the node ``way`` names in a fresh job; when the survivor detected it, when
     and at which restart it trained again (``seconds`` is None when it never did)."""
     departures = directory / "departures"
     departures.mkdir(parents=True)
@@ -83,14 +91,23 @@ def one_run(directory: Path, endpoint: str, backend: str, killed_group_rank: int
     )
     try:
         job.start()
-        victim = job.node_of_group_rank(killed_group_rank, START_TIMEOUT)
+        trained = job.wait_until_training(START_TIMEOUT)
         steward = job.steward_pid() if backend == "tp" else None
+        rank = WAYS[way]
+        if rank is None and steward is not None:
+            victim = job.node_of(steward)
+        else:  # torch has no steward: its runs of that way kill group rank 0
+            victim = job.node_of_group_rank(rank or 0, 0)
+        group_rank = next(
+            r["group_rank"] for r in trained.values() if r["agent_pid"] == victim.proc.pid
+        )
         survivor, killed_at = job.kill_node(victim)
         exit_code = job.wait_exit(survivor, RESUME_TIMEOUT)
         noted = read_departures(departures)
         removal = first_removal(noted, victim.proc.pid, killed_at)
         takeover = first_takeover(noted, killed_at)
         result: dict[str, Any] = {
+            "killed_group_rank": group_rank,
             "seconds": None,
             "workers_started": None,
             "detected": None if removal is None else round(removal.wall - killed_at, 3),
@@ -114,11 +131,11 @@ def one_run(directory: Path, endpoint: str, backend: str, killed_group_rank: int
         job.close()
 
 
-def summarize(runs: list[dict[str, Any]], killed: int, field: str, what: str) -> Metric:
-    """The medians of ``field`` over the runs that killed group rank ``killed``."""
-    metric = Metric(f"kill group rank {killed}: {what}", "s", "lower")
+def summarize(runs: list[dict[str, Any]], way: str, field: str, what: str) -> Metric:
+    """The medians of ``field`` over the runs of ``way``."""
+    metric = Metric(f"kill {way}: {what}", "s", "lower")
     for impl in BACKENDS:
-        mine = [r for r in runs if r["impl"] == impl and r["killed_group_rank"] == killed]
+        mine = [r for r in runs if r["impl"] == impl and r["way"] == way]
         times = [r[field] for r in mine if r.get(field) is not None]
         setattr(metric, impl, statistics.median(times) if times else None)
         metric.notes[impl] = (
@@ -146,27 +163,27 @@ def main() -> int:
         with (root / "store.log").open("w") as log:
             store, endpoint = start_store(log)
             try:
-                for killed in (0, 1):
+                for number, way in enumerate(WAYS):
                     for index in range(args.runs):
                         for impl, backend in BACKENDS.items():
-                            where = root / f"{impl}-kill{killed}-{index}"
+                            where = root / f"{impl}-way{number}-{index}"
                             try:
-                                result = one_run(where, endpoint, backend, killed)
+                                result = one_run(where, endpoint, backend, way)
                             except JobError as exc:
                                 result = {
                                     "seconds": None,
                                     "restart": None,
                                     "error": str(exc)[:4000],
                                 }
-                            runs.append({"impl": impl, "killed_group_rank": killed, **result})
+                            runs.append({"impl": impl, "way": way, **result})
                             print(json.dumps(runs[-1])[:300], flush=True)
             finally:
                 store.terminate()
                 store.wait(30)
 
     metrics = [
-        summarize(runs, killed, field, what)
-        for killed in (0, 1)
+        summarize(runs, way, field, what)
+        for way in WAYS
         for field, what in (
             ("detected", "until the survivor logs the removal (detection)"),
             ("workers_started", "until its new workers start"),
