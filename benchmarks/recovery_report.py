@@ -228,7 +228,7 @@ def plot_restart(runs: RecoveryRuns, path: Path) -> str:
     fields = {"detection": "detected", "new workers start": "workers_started"}
     fields["first training step"] = "seconds"
     sides = [("ours", runs.restart, OURS_COLOR, "ours")]
-    if runs.base_restart is not None and runs.base_restart.path != runs.restart.path:
+    if runs.base_restart is not None and runs.base_restart.data != runs.restart.data:
         commit = runs.base_restart.data.get("versions", {}).get("commit", "")
         sides.append(("ours", runs.base_restart, BASELINE_COLOR, f"ours before ({commit})"))
     sides.append(("torch", runs.restart, TORCH_COLOR, "PyTorch c10d"))
@@ -251,7 +251,8 @@ def plot_restart(runs: RecoveryRuns, path: Path) -> str:
             for steward, marker in ((False, "k."), (True, "kx")):
                 values = [value for value, was in found if was == steward]
                 ax.plot(values, [y] * len(values), marker, markersize=4)
-            ax.text(median, y, f" {median:.2f}", va="center", fontsize=7)
+            rightmost = max(median, *(value for value, _ in found))
+            ax.text(rightmost, y, f"  {median:.2f}", va="center", fontsize=7)
     ax.set_yticks(range(len(bars)))
     ax.set_yticklabels([f"{way} killed:\n{phase}" for way, phase, _ in bars], fontsize=8)
     ax.invert_yaxis()
