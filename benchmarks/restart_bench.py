@@ -105,6 +105,9 @@ def one_run(directory: Path, endpoint: str, backend: str, way: str) -> dict[str,
         exit_code = job.wait_exit(survivor, RESUME_TIMEOUT)
         noted = read_departures(departures)
         removal = first_removal(noted, victim.proc.pid, killed_at)
+        # torch can drop a node whose keep-alive a loaded machine delayed, and never
+        # list it again: then nothing detects its death, the survivor's workers fail.
+        early = first_removal(noted, victim.proc.pid, 0.0)
         takeover = first_takeover(noted, killed_at)
         result: dict[str, Any] = {
             "killed_group_rank": group_rank,
@@ -112,6 +115,7 @@ def one_run(directory: Path, endpoint: str, backend: str, way: str) -> dict[str,
             "workers_started": None,
             "detected": None if removal is None else round(removal.wall - killed_at, 3),
             "detected_by": None if removal is None else removal.action,
+            "removed_before_kill": early is not None and early.wall < killed_at,
             "victim_was_steward": None if steward is None else steward == victim.proc.pid,
             "takeover": None if takeover is None else round(takeover.wall - killed_at, 3),
             "restart": None,
