@@ -307,7 +307,8 @@ def section(runs: RecoveryRuns, alts: dict[str, str]) -> str:
         "job costs its store. *Detection* is the time from the SIGKILL until the steward's log "
         "record of the dead node's removal (ours: the `node_dead` or `node_gone` event; "
         "PyTorch: the moment a node's state sync drops it for an expired heartbeat, where it "
-        "logs `Detected dead node`). The baseline is the code before issue 25 (main), "
+        "logs `Detected dead node`; a PyTorch run without one had dropped the node before "
+        "the kill, see `benchmarks/README.md`). The baseline is the code before issue 25 (main), "
         "measured in the same session; its commit is in the machine table.\n"
     )
     add("### Targets\n")
