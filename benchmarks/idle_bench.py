@@ -31,7 +31,6 @@ of any backend, which is not the backend's cost.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import uuid
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from hostinfo import host_info, load_average, versions
-from metrics import Metric, format_table
+from metrics import Metric, format_table, write_results
 from spread import (
     ROUND_CONFIG,
     RequestCounts,
@@ -220,30 +219,25 @@ def main(argv: list[str] | None = None) -> int:
 
     binary = find_etcd(args.etcd_binary)
     etcd = None if binary is None or args.only == "ours" else etcd_version(binary)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "idle_bench",
-                "date": date,
-                "host": host | {"load_average_at_end": load_average()},
-                "versions": versions(["ours"]) | {"etcd": etcd or "not run"},
-                "seconds": round(time.monotonic() - began, 1),
-                "config": {
-                    "nodes": args.nodes,
-                    "processes": args.processes,
-                    "seconds": args.seconds,
-                    "settle": args.settle,
-                    "settings": ROUND_CONFIG,
-                },
-                "metrics": [metric.to_json() for metric in metrics],
-                "runs": runs,
+    write_results(
+        args.out,
+        {
+            "benchmark": "idle_bench",
+            "date": date,
+            "host": host | {"load_average_at_end": load_average()},
+            "versions": versions(["ours"]) | {"etcd": etcd or "not run"},
+            "seconds": round(time.monotonic() - began, 1),
+            "config": {
+                "nodes": args.nodes,
+                "processes": args.processes,
+                "seconds": args.seconds,
+                "settle": args.settle,
+                "settings": ROUND_CONFIG,
             },
-            indent=2,
-        )
-        + "\n"
+            "metrics": [metric.to_json() for metric in metrics],
+            "runs": runs,
+        },
     )
-    print(f"wrote {args.out}")
     return 0
 
 

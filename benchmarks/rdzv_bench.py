@@ -35,7 +35,6 @@ Run ``python benchmarks/rdzv_bench.py --help`` for the knobs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import queue
@@ -56,7 +55,7 @@ from typing import Any
 
 from departures import Departure, removal_times, watch_departures
 from hostinfo import host_info, load_average, versions
-from metrics import Metric, format_table
+from metrics import Metric, format_table, write_results
 from node_messages import NodeProcess, send_message
 from spread import SpreadCase, SpreadResult, collect, run_spread
 
@@ -873,9 +872,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "metrics": [m.to_json() for m in metrics.values()],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nsaved {args.json}")
+    print()
+    write_results(args.json, report)
     return 0
 
 

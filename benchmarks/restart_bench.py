@@ -46,7 +46,7 @@ from typing import Any
 from departures import first_removal, first_takeover, read_departures
 from hostinfo import host_info, load_average, versions
 from logged_torchrun import DEPARTURES_ENV
-from metrics import Metric, format_table
+from metrics import Metric, format_table, write_results
 
 HERE = Path(__file__).resolve().parent
 # The job harness is shared with the interop test that runs the same job.
@@ -199,24 +199,19 @@ def main() -> int:
         for impl, note in metric.notes.items():
             print(f"  {metric.name} [{impl}]: {note}")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "restart_bench",
-                "date": date,
-                "host": host | {"load_average_at_end": load_average()},
-                "versions": versions(list(BACKENDS)),
-                "seconds": round(time.monotonic() - began, 1),
-                "config": {"rdzv_conf": FAST_FAILOVER, "runs": args.runs},
-                "metrics": [metric.to_json() for metric in metrics],
-                "runs": runs,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.out,
+        {
+            "benchmark": "restart_bench",
+            "date": date,
+            "host": host | {"load_average_at_end": load_average()},
+            "versions": versions(list(BACKENDS)),
+            "seconds": round(time.monotonic() - began, 1),
+            "config": {"rdzv_conf": FAST_FAILOVER, "runs": args.runs},
+            "metrics": [metric.to_json() for metric in metrics],
+            "runs": runs,
+        },
     )
-    print(f"wrote {args.out}")
     return 0
 
 
