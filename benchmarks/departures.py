@@ -88,7 +88,9 @@ def watch_departures(report: Callable[[Departure], None], with_torch: bool = Fal
     this process from now on.
 
     Our logger is opened to INFO (its removals are WARNING today); the handler
-    is added to it alone and its records still propagate as before.
+    is added to it alone and its records still propagate as before (but
+    logging's last resort, which prints warnings when a process configured no
+    handler, now stays silent: ``logged_torchrun.py`` prints them itself).
     """
     ours = logging.getLogger(OURS_LOGGER)
     if ours.getEffectiveLevel() > logging.INFO:
