@@ -1,18 +1,28 @@
-"""What the benchmarks record about the machine they ran on.
+"""What the benchmarks record about the machine they ran on, and the versions measured.
 
-Both benchmarks put :func:`host_info` in their JSON ``host`` field, so the
+The benchmarks put :func:`host_info` in their JSON ``host`` field, so the
 report (``benchmarks/report.py``) can say which machine the numbers come from.
 Everything here is read from ``/proc`` and :mod:`platform`; a field that cannot
-be read is ``None``.
+be read is ``None``. The rendezvous benchmarks put :func:`versions` in their
+``versions`` field.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import re
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+#: The distributions whose versions a rendezvous benchmark records, per side.
+_DISTRIBUTIONS = {
+    "ours": ("tp-store", "tp-rdzv-api", "tp-rdzv-dynamic", "tp-rdzv-etcd"),
+    "torch": ("torch",),
+}
 
 
 def cpu_model() -> str | None:
@@ -54,3 +64,33 @@ def host_info() -> dict[str, Any]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "load_average_at_start": load_average(),
     }
+
+
+def source_commit() -> str:
+    """The repository's commit the benchmark ran from (``+changes`` when the tree differs):
+    our distributions keep one version number across commits."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "packages")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}+changes" if changed else commit
+
+
+def versions(impls: Sequence[str]) -> dict[str, str]:
+    """Python's version, the source commit and the installed versions of the sides
+    ``impls`` (ours, torch)."""
+    found = {"python": platform.python_version(), "commit": source_commit()}
+    for impl in impls:
+        for distribution in _DISTRIBUTIONS[impl]:
+            try:
+                found[distribution] = importlib.metadata.version(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                found[distribution] = "not installed"
+    return found

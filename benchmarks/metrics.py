@@ -1,13 +1,16 @@
 """The rows every benchmark reports: one measurement of ours and of torch, and their ratio.
 
 ``store_bench.py`` and ``rdzv_bench.py`` fill them, print them with
-:func:`format_table` and store them in their JSON; ``report.py`` reads them back.
+:func:`format_table` and store them in their JSON (:func:`write_results`);
+``report.py`` reads them back.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -86,3 +89,10 @@ def format_table(metrics: Sequence[Metric]) -> str:
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+def write_results(path: Path, document: dict[str, Any]) -> None:
+    """Write a benchmark's results to ``path`` as indented JSON, and say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {path}")

@@ -23,7 +23,10 @@ Scenarios:
    (one of them hosts the store), min 6, max 8. After the first round, two
    nodes that do not host the store are killed with SIGKILL and the six
    survivors call ``next_rendezvous()`` again; the time is from the kill until
-   the last survivor returns, and the new ranks must be 0..5.
+   the last survivor returns, and the new ranks must be 0..5. The detection
+   row is the time from the kill until a record of the last victim's removal
+   (``departures.py``: ours, the steward's; torch, the first node's sync that
+   found the victim's heartbeat expired).
 
 Results are printed as a table (with ours/torch ratios) and written as JSON.
 Run ``python benchmarks/rdzv_bench.py --help`` for the knobs.
@@ -32,10 +35,8 @@ Run ``python benchmarks/rdzv_bench.py --help`` for the knobs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import queue
 import resource
 import signal
@@ -52,14 +53,18 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from hostinfo import host_info, load_average
-from metrics import Metric, format_table
+from departures import Departure, removal_times, watch_departures
+from hostinfo import host_info, load_average, versions
+from metrics import Metric, format_table, write_results
 from node_messages import NodeProcess, send_message
 from spread import SpreadCase, SpreadResult, collect, run_spread
 
 IMPLS = ("ours", "torch")
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "rdzv_bench.json"
+# --recovery: the kill cases alone (the report's recovery section reads this file).
+RECOVERY_OUT = HERE / "results" / "rdzv_recovery.json"
+RECOVERY_SPREAD = "1000:8:100"
 # Doubling sizes, so the report's log-log plot has a curve to show.
 DEFAULT_SIZES = (8, 16, 32, 64, 128, 256, 512, 1000)
 QUICK_SIZES = (8, 32)
@@ -372,13 +377,18 @@ def node_main(args: argparse.Namespace) -> int:
     """A node process: make a handler through the registry, then obey stdin.
 
     Commands, one a line: ``next`` (call next_rendezvous, report the outcome
-    and when it returned on the system-wide monotonic clock) and ``exit``.
+    and when it returned on the system-wide monotonic clock), ``departures``
+    (the departure records logged here so far) and ``exit``.
     """
+    noted: list[Departure] = []
+    watch_departures(noted.append, with_torch=args.impl == "torch")
     handler = create_registry_handler(args.impl, args.endpoint, args.run_id, args.is_host == "true")
     send_message("ready", pid=os.getpid())
     for line in sys.stdin:
         command = line.strip()
-        if command == "next":
+        if command == "departures":
+            send_message("departures", records=[departure.to_json() for departure in noted])
+        elif command == "next":
             try:
                 info = handler.next_rendezvous()
             except Exception:
@@ -493,6 +503,7 @@ class NodeGroup:
 class KillResult:
     seconds: float  # from the kill until the last survivor returned
     ranks: dict[int, int]  # survivor slot -> its new rank
+    detection: float | None  # from the kill until the last victim's removal was logged
 
 
 def bench_kill_recovery(impl: str, timeout: float) -> KillResult:
@@ -524,7 +535,13 @@ def bench_kill_recovery(impl: str, timeout: float) -> KillResult:
         verify_messages(joined, len(survivors))
         # The nodes stamp their return on CLOCK_MONOTONIC, which is system-wide.
         seconds = max(message["at"] for message in joined.values()) - killed_at
-        return KillResult(seconds, {slot: joined[slot]["rank"] for slot in survivors})
+        for slot in survivors:
+            group.nodes[slot].tell("departures")
+        reported = group.collect("departures", survivors)
+        noted = [Departure.from_json(item) for m in reported.values() for item in m["records"]]
+        removed = removal_times(noted, [group.nodes[slot].proc.pid for slot in victims], killed_at)
+        detection = max(removed.values()) - killed_at if len(removed) == len(victims) else None
+        return KillResult(seconds, {slot: joined[slot]["rank"] for slot in survivors}, detection)
     finally:
         group.close()
 
@@ -582,6 +599,12 @@ def round_metric_name(size: int) -> str:
 
 
 KILL_METRIC = f"kill -9 {KILL_VICTIMS} of {KILL_NODES}, re-rendezvous"
+KILL_DETECTION_METRIC = f"kill -9 {KILL_VICTIMS} of {KILL_NODES}, detection"
+
+
+def detection_metric_name(case: SpreadCase) -> str:
+    """The row of a spread kill case's detection time (its own row is the recovery)."""
+    return f"{case.name}, detection"
 
 
 def etcd_metric_name(size: int) -> str:
@@ -595,10 +618,13 @@ def new_metrics(
     spread: Sequence[SpreadCase] = (),
 ) -> dict[str, Metric]:
     rows = [Metric(round_metric_name(size), "s", "lower") for size in sizes]
-    rows += [Metric(case.name, "s", "lower") for case in spread]
+    for case in spread:
+        rows.append(Metric(case.name, "s", "lower"))
+        if case.victims:
+            rows.append(Metric(detection_metric_name(case), "s", "lower"))
     rows += [Metric(etcd_metric_name(size), "s", "lower") for size in etcd_sizes]
     if with_kill:
-        rows.append(Metric(KILL_METRIC, "s", "lower"))
+        rows += [Metric(KILL_METRIC, "s", "lower"), Metric(KILL_DETECTION_METRIC, "s", "lower")]
     return {row.name: row for row in rows}
 
 
@@ -630,11 +656,13 @@ def run_all(args: argparse.Namespace, sizes: Sequence[int], recorder: Recorder) 
     for impl in impls:
 
         def kill_recovery(impl: str = impl) -> tuple[float, str]:
+            began = time.monotonic()
             result = bench_kill_recovery(impl, args.timeout)
             ranks = ",".join(str(result.ranks[slot]) for slot in sorted(result.ranks))
             note = f"(new ranks by slot {ranks})"
             if impl == "torch":
                 note += f" (torch config {torch_kill_config()})"
+            recorder.record(KILL_DETECTION_METRIC, impl, result.detection, "", took_since(began))
             return result.seconds, note
 
         recorder.measure(KILL_METRIC, impl, kill_recovery)
@@ -650,9 +678,14 @@ def run_spread_cases(args: argparse.Namespace, recorder: Recorder) -> None:
 
             def spread(impl: str = impl, case: SpreadCase = case) -> tuple[float, str]:
                 run_id = f"bench-spread-{impl}-{uuid.uuid4().hex[:8]}"
+                began = time.monotonic()
                 result = run_spread(impl, case, args.timeout, run_id, args.profile)
                 runs = args.spread_results.setdefault(case.name, {}).setdefault(impl, [])
                 runs.append(result.to_json())
+                if case.victims:
+                    note = f"({result.detected} of {case.victims} victims' removals logged)"
+                    name = detection_metric_name(case)
+                    recorder.record(name, impl, result.detection, note, took_since(began))
                 return spread_value(result), spread_note(result)
 
             recorder.measure(case.name, impl, spread)
@@ -702,23 +735,6 @@ def run_etcd(args: argparse.Namespace, recorder: Recorder) -> None:
                 return timing.last, note
 
             recorder.measure(etcd_metric_name(size), "ours", first_round)
-
-
-def versions(impls: Sequence[str]) -> dict[str, str]:
-    import importlib.metadata
-
-    found = {"python": platform.python_version()}
-    wanted = {
-        "ours": ("tp-store", "tp-rdzv-api", "tp-rdzv-dynamic", "tp-rdzv-etcd"),
-        "torch": ("torch",),
-    }
-    for impl in impls:
-        for distribution in wanted[impl]:
-            try:
-                found[distribution] = importlib.metadata.version(distribution)
-            except importlib.metadata.PackageNotFoundError:
-                found[distribution] = "not installed"
-    return found
 
 
 def raise_limits() -> None:
@@ -793,7 +809,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=DEFAULT_TIMEOUT,
         help="seconds allowed per round (join timeout too; default %(default)s)",
     )
-    parser.add_argument("--json", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    parser.add_argument(
+        "--recovery",
+        action="store_true",
+        help=f"the kill cases alone: --sizes '' --no-etcd --spread {RECOVERY_SPREAD}, "
+        f"JSON to {RECOVERY_OUT.relative_to(HERE.parent)} unless --json says otherwise",
+    )
+    parser.add_argument("--json", type=Path, help=f"JSON results path (default {DEFAULT_OUT})")
     # The node-process mode of the kill scenario.
     parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
@@ -801,6 +823,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-id", help=argparse.SUPPRESS)
     parser.add_argument("--is-host", choices=("true", "false"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.recovery:
+        args.sizes, args.no_etcd, args.no_kill = (), True, False
+        args.spread = [SpreadCase.parse(RECOVERY_SPREAD)]
+    if args.json is None:
+        args.json = RECOVERY_OUT if args.recovery else DEFAULT_OUT
     args.impls = [args.only] if args.only else list(IMPLS)
     if args.spread is None:
         args.spread = [] if args.quick else [SpreadCase.parse(text) for text in DEFAULT_SPREAD]
@@ -845,9 +872,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "metrics": [m.to_json() for m in metrics.values()],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nsaved {args.json}")
+    print()
+    write_results(args.json, report)
     return 0
 
 

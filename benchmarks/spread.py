@@ -12,12 +12,16 @@ over the same span.
 
 With ``victims``, that many nodes run in processes of their own; after the
 first round they are killed with SIGKILL and the survivors call
-``next_rendezvous()`` again (min = N - victims): the time is from the kill to
-the last survivor's return.
+``next_rendezvous()`` again (min = N - victims): the recovery is the time from
+the kill to the last survivor's return, the detection the time from the kill
+to the steward's record of the last victim's removal (``departures.py``: every
+node process notes those records and reports them when asked).
 
 Node processes are this file run as a script (``spread.py node ...``). With
 ``profile`` (a directory), every node process and the server run under
 ``py-spy record`` (collapsed stacks, ``node-<slot>.txt`` and ``server.txt``).
+``idle_bench.py`` uses the same node processes (:class:`SpreadGroup`), also on
+etcd (the spec's ``store``), and has them watch with ``wait_for_change()``.
 """
 
 from __future__ import annotations
@@ -34,15 +38,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from departures import Departure, removal_times, watch_departures
 from hostinfo import load_average
 from node_messages import NodeProcess, send_message
-from store_bench import Server, child_env, start_server
+from store_bench import child_env, start_server
 
 #: Keep-alive settings of the first-round cases: no tick falls in a round that works.
 ROUND_CONFIG = {"keep_alive_interval": 5, "keep_alive_max_attempt": 3, "last_call_timeout": 1}
@@ -50,6 +55,8 @@ ROUND_CONFIG = {"keep_alive_interval": 5, "keep_alive_max_attempt": 3, "last_cal
 KILL_CONFIG = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2, "last_call_timeout": 0.5}
 #: Nodes per victim process in the kill case.
 VICTIMS_PER_PROCESS = 50
+#: How long one ``wait_for_change()`` call of a watching node waits.
+WATCH_SECONDS = 60.0
 
 
 @dataclass
@@ -92,6 +99,8 @@ class SpreadResult:
     load: list[float] | None  # load averages at the end
     ops: dict[str, int] = field(default_factory=dict)  # our server's requests in the round
     recovery: float | None = None  # kill case: from the kill to the last survivor's return
+    detection: float | None = None  # kill case: from the kill to the last victim's removal
+    detected: int = 0  # kill case: how many victims a removal record named
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,10 +112,43 @@ class SpreadResult:
             "load": self.load,
             "ops": self.ops,
             "recovery": None if self.recovery is None else round(self.recovery, 4),
+            "detection": None if self.detection is None else round(self.detection, 4),
+            "detected": self.detected,
         }
 
 
 # -- the bench's side -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreProcess:
+    """The store the nodes use: where it listens and the process measured.
+
+    ``store`` is the client the nodes open: ``tcp`` (a TCPStore of ``impl``) or
+    ``etcd`` (an ``EtcdStore``, ``endpoint`` being its URLs); ``requests``
+    reads our server's request counts by operation, when it is ours.
+    """
+
+    endpoint: str
+    pid: int
+    store: str = "tcp"
+    requests: Callable[[], dict[str, int]] | None = None
+
+
+class RequestCounts:
+    """Our server's request counts by operation so far (STATS), read over a connection
+    of its own, opened once: the counts then hold no connection set-up of ours."""
+
+    def __init__(self, host: str, port: int) -> None:
+        from tp_store import TCPStore
+
+        self._client = TCPStore(host, port, timeout=60)
+
+    def __call__(self) -> dict[str, int]:
+        return dict(self._client.server_stats()["ops"])
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -157,23 +199,27 @@ def run_spread(
         "timeout": timeout,
     }
     with start_server(impl, timeout) as server:
-        group = _Group(server, timeout, profile)
+        requests = RequestCounts(server.host, server.port) if impl == "ours" else None
+        store = StoreProcess(f"{server.host}:{server.port}", server.proc.pid, requests=requests)
+        group = SpreadGroup(store, timeout, profile)
         try:
             for count in [*counts, *victims]:
-                group.start(spec | {"count": count, "endpoint": f"{server.host}:{server.port}"})
+                group.start(spec | {"count": count})
             group.collect("ready", group.slots, max(timeout, 120))
             result = group.first_round(case.nodes)
             if victims:
-                result.recovery = group.recovery(group.slots[len(counts) :], min_nodes)
+                group.recover(result, group.slots[len(counts) :], min_nodes)
             return result
         finally:
             group.stop()
+            if requests is not None:
+                requests.close()
 
 
-class _Group:
-    """The node processes of one run, the server they use, and their messages."""
+class SpreadGroup:
+    """The node processes of one run, the store they use, and their messages."""
 
-    def __init__(self, server: Server, timeout: float, profile: Path | None) -> None:
+    def __init__(self, server: StoreProcess, timeout: float, profile: Path | None) -> None:
         self.server = server
         self.timeout = timeout
         self.profile = profile
@@ -186,6 +232,8 @@ class _Group:
         return [node.slot for node in self.nodes]
 
     def start(self, spec: dict[str, Any]) -> None:
+        """A node process of ``spec`` (less the store's endpoint and kind, added here)."""
+        spec = spec | {"endpoint": self.server.endpoint, "store": self.server.store}
         script = [sys.executable, str(Path(__file__).resolve()), "node", json.dumps(spec)]
         command = [*self._profiled(f"node-{len(self.nodes)}"), *script]
         self.nodes.append(NodeProcess(len(self.nodes), command, self.inbox, child_env()))
@@ -195,15 +243,15 @@ class _Group:
 
     def first_round(self, size: int) -> SpreadResult:
         """Every node's first round, from one start signal; verified."""
-        ours = self.server.impl == "ours"
-        ops_before = self._server_ops() if ours else {}
-        server_cpu = process_cpu_seconds(self.server.proc.pid)
+        requests = self.server.requests or dict
+        ops_before = requests()
+        server_cpu = process_cpu_seconds(self.server.pid)
         started = time.monotonic()
         for node in self.nodes:
             node.tell("next")
         joined = self.collect("joined", self.slots, self.timeout)
-        server_cpu = process_cpu_seconds(self.server.proc.pid) - server_cpu
-        ops = self._server_ops() if ours else {}
+        server_cpu = process_cpu_seconds(self.server.pid) - server_cpu
+        ops = requests()
         returns = sorted(at - started for message in joined.values() for at in message["at"])
         self._verify(joined, size)
         return SpreadResult(
@@ -216,8 +264,9 @@ class _Group:
             ops={op: count - ops_before.get(op, 0) for op, count in ops.items() if count},
         )
 
-    def recovery(self, victims: Sequence[int], survivors: int) -> float:
-        """SIGKILL the processes of ``victims``; seconds until every survivor's next round."""
+    def recover(self, result: SpreadResult, victims: Sequence[int], survivors: int) -> None:
+        """SIGKILL the processes of ``victims``; note in ``result`` the seconds until every
+        survivor's next round and until the removal of the last victim."""
         killed_at = time.monotonic()
         for slot in victims:
             os.kill(self.nodes[slot].proc.pid, signal.SIGKILL)
@@ -226,7 +275,15 @@ class _Group:
             self.nodes[slot].tell("next")
         joined = self.collect("joined", alive, self.timeout)
         self._verify(joined, survivors)
-        return max(at for message in joined.values() for at in message["at"]) - killed_at
+        result.recovery = max(at for message in joined.values() for at in message["at"]) - killed_at
+        for slot in alive:
+            self.nodes[slot].tell("departures")
+        reported = self.collect("departures", alive, self.timeout)
+        noted = [Departure.from_json(item) for m in reported.values() for item in m["records"]]
+        pids = [self.nodes[slot].proc.pid for slot in victims]
+        removed = removal_times(noted, pids, killed_at)
+        result.detected = len(removed)
+        result.detection = max(removed.values()) - killed_at if removed else None
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -251,15 +308,6 @@ class _Group:
         if len(digests) > 1:
             raise RuntimeError(f"{len(digests)} different participant lists")
 
-    def _server_ops(self) -> dict[str, int]:
-        from tp_store import TCPStore
-
-        client = TCPStore(self.server.host, self.server.port, timeout=60)
-        try:
-            return dict(client.server_stats()["ops"])
-        finally:
-            client.close()
-
     def _profiled(self, name: str) -> list[str]:
         """The command prefix that runs a process under py-spy (on-GIL samples), if profiling."""
         if self.profile is None:
@@ -281,7 +329,7 @@ class _Group:
         ]
 
     def _profile_server(self) -> subprocess.Popen[bytes]:
-        command = [*self._profiled("server")[:-1], "--pid", str(self.server.proc.pid)]
+        command = [*self._profiled("server")[:-1], "--pid", str(self.server.pid)]
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -293,10 +341,15 @@ def node_main(spec: dict[str, Any]) -> int:
 
     ``next``: every node calls ``next_rendezvous()``; the process reports when
     each returned (``CLOCK_MONOTONIC``), the ranks, a digest of each
-    participant list and its CPU seconds. Exits when stdin closes.
+    participant list and its CPU seconds. ``departures``: the departure
+    records logged here so far. ``watch``: every node also loops in
+    ``wait_for_change()`` on a thread of its own, as ``tp-rdzv join`` does;
+    ``changes``: how many of them saw a change. Exits when stdin closes.
     """
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     threading.stack_size(256 * 1024)
+    noted: list[Departure] = []
+    watch_departures(noted.append, with_torch=spec["impl"] == "torch")
     handlers = [_make_handler(spec) for _ in range(spec["count"])]
     rounds = [threading.Semaphore(0) for _ in handlers]
     done: queue.Queue[tuple[float, Any, str | None]] = queue.Queue()
@@ -314,8 +367,18 @@ def node_main(spec: dict[str, Any]) -> int:
     for index in range(len(handlers)):
         threading.Thread(target=node, args=(index,), daemon=True).start()
     send_message("ready", pid=os.getpid())
+    changed: list[int] = []
     for line in sys.stdin:
-        if line.strip() != "next":
+        command = line.strip()
+        if command == "departures":
+            send_message("departures", records=[departure.to_json() for departure in noted])
+        elif command == "watch":
+            for index, handler in enumerate(handlers):
+                threading.Thread(target=_watch, args=(handler, index, changed), daemon=True).start()
+            send_message("watching")
+        elif command == "changes":
+            send_message("changes", nodes=len(changed))
+        if command != "next":
             continue
         cpu = _cpu_seconds()
         for gate in rounds:
@@ -341,28 +404,47 @@ def node_main(spec: dict[str, Any]) -> int:
     os._exit(0)  # no shutdown: that closes the rendezvous, which is not what is measured
 
 
-def _make_handler(spec: dict[str, Any]) -> Any:
+def _watch(handler: Any, index: int, changed: list[int]) -> None:
+    """Wait for a change of the round, as ``tp-rdzv join`` does; note the node if one came."""
+    while not handler.wait_for_change(WATCH_SECONDS):
+        pass
+    changed.append(index)
+
+
+def _open_store(spec: dict[str, Any], timeout: timedelta) -> Any:
+    """A node's store client: an ``EtcdStore``, or ``impl``'s TCPStore."""
+    if spec["store"] == "etcd":
+        from tp_rdzv_etcd import EtcdStore
+
+        return EtcdStore(spec["endpoint"], f"/rdzv-bench/{spec['run_id']}/", timeout)
     host, port = spec["endpoint"].rsplit(":", 1)
+    if spec["impl"] == "ours":
+        from tp_store import TCPStore
+
+        return TCPStore(host, int(port), timeout=timeout)
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+
+
+def _make_handler(spec: dict[str, Any]) -> Any:
     timeout = timedelta(seconds=spec["timeout"])
     config = spec["config"]
+    store = _open_store(spec, timeout)
     if spec["impl"] == "ours":
         from tp_rdzv_api import RendezvousTimeout
         from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
-        from tp_store import TCPStore
 
-        store: Any = TCPStore(host, int(port), timeout=timeout)
         backend: Any = TpRendezvousBackend(store, spec["run_id"])
         handler_class: Any = DynamicRendezvousHandler
         last_call = timedelta(seconds=config["last_call_timeout"])
         rdzv_timeout: Any = RendezvousTimeout(join=timeout, last_call=last_call)
     else:
-        import torch.distributed as dist
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
             C10dRendezvousBackend,
         )
 
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
         backend = C10dRendezvousBackend(store, spec["run_id"])
         handler_class = dynamic_rendezvous.DynamicRendezvousHandler
         # torch's timeouts are whole seconds (0.5 reads as 0, which it refuses).

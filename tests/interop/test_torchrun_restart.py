@@ -10,6 +10,10 @@ workers, train, and exit 0. Both ways round: the killed node is group rank 0
 ``LocalElasticAgent`` on a handler of our ``create_handler``, and torchrun on
 ``--rdzv-backend=tp-etcd``: one node, whose workers fail once after training;
 the restart (same node, rank 0 again) must train and succeed.
+
+The steward's death: the node whose agent holds the steward lease (read from
+the store) is killed, and the survivor must likewise resume at its first
+restart (issue 25).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torchrun_job import (
     RDZV_CONF,
     WORKERS_PER_NODE,
     ElasticJob,
+    Node,
     child_env,
     kill_agent,
     start_store,
@@ -79,15 +84,34 @@ def test_the_survivor_resumes_at_its_first_restart(
     try:
         job.start()
         survivor, _ = job.kill_group_rank(killed_group_rank, START_TIMEOUT)
-        ranks = range(WORKERS_PER_NODE)
-        resumed = job.wait_for([f"done-a1-r{rank}" for rank in ranks], RESUME_TIMEOUT)
-        assert job.wait_exit(survivor, RESUME_TIMEOUT) == 0, job.logs()
-        # The survivor's own workers, alone now: group rank 0 of a world of 2.
-        assert {report["agent_pid"] for report in resumed.values()} == {survivor.proc.pid}
-        assert {report["group_rank"] for report in resumed.values()} == {0}
-        assert not list(job.markers.glob("*-a2-*")), "the first restart failed"
+        assert_resumed_at_first_restart(job, survivor)
     finally:
         job.close()
+
+
+def test_the_survivor_of_the_stewards_death_resumes_at_its_first_restart(
+    tmp_path: Path, store_endpoint: str
+) -> None:
+    """The node whose agent holds the steward lease (read from the store, whatever its
+    group rank) is killed: the survivor must take office and complete the next round."""
+    job = ElasticJob(tmp_path, "tp", store_endpoint, RDZV_CONF)
+    try:
+        job.start()
+        survivor, _ = job.kill_steward(START_TIMEOUT)
+        assert_resumed_at_first_restart(job, survivor)
+    finally:
+        job.close()
+
+
+def assert_resumed_at_first_restart(job: ElasticJob, survivor: Node) -> None:
+    """The survivor's workers, alone now (group rank 0 of a world of 2), trained at the
+    first restart and the survivor exited 0."""
+    ranks = range(WORKERS_PER_NODE)
+    resumed = job.wait_for([f"done-a1-r{rank}" for rank in ranks], RESUME_TIMEOUT)
+    assert job.wait_exit(survivor, RESUME_TIMEOUT) == 0, job.logs()
+    assert {report["agent_pid"] for report in resumed.values()} == {survivor.proc.pid}
+    assert {report["group_rank"] for report in resumed.values()} == {0}
+    assert not list(job.markers.glob("*-a2-*")), "the first restart failed"
 
 
 def test_local_elastic_agent_restarts_on_a_fresh_store(tmp_path: Path, store_endpoint: str) -> None:

@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from tp_store import TCPStore
 
 HERE = Path(__file__).resolve().parent
 TRAIN_SCRIPT = HERE / "elastic_train.py"
@@ -27,12 +30,16 @@ TRAIN_SCRIPT = HERE / "elastic_train.py"
 FAST_FAILOVER = "keep_alive_interval=1,keep_alive_max_attempt=2,last_call_timeout=1"
 #: torchrun's --rdzv-conf for both: FAST_FAILOVER, and time for a loaded machine to start.
 RDZV_CONF = f"{FAST_FAILOVER},join_timeout=300"
+#: How an agent is started: torchrun (the benchmark may wrap it).
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 NODES = 2
 WORKERS_PER_NODE = 2
 #: Steps of each attempt.
 STEPS = 5
 #: How often the marker directory is looked at while waiting.
 _POLL = 0.05
+#: The bound of one read of the job's store (the lease exists once the job trains).
+_STORE_TIMEOUT = 60.0
 
 
 def child_env() -> dict[str, str]:
@@ -78,24 +85,35 @@ class ElasticJob:
     """Two torchrun agents of one run on ``backend`` at ``endpoint``.
 
     ``rdzv_conf`` is torchrun's ``--rdzv-conf``; ``directory`` holds the
-    markers and the logs.
+    markers and the logs. ``launcher`` starts an agent (its arguments follow);
+    ``env`` is added to the agents' environment.
     """
 
-    def __init__(self, directory: Path, backend: str, endpoint: str, rdzv_conf: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        backend: str,
+        endpoint: str,
+        rdzv_conf: str,
+        *,
+        launcher: Sequence[str] = TORCHRUN,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.markers = directory / "markers"
         self.markers.mkdir(parents=True)
         self._logs = directory
+        self._env = dict(env or {})
+        self._endpoint = endpoint
+        self.run_id = f"job-{uuid.uuid4().hex[:8]}"
         self._command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
+            *launcher,
             f"--nnodes=1:{NODES}",
             f"--nproc-per-node={WORKERS_PER_NODE}",
             "--max-restarts=3",
             "--monitor-interval=0.1",
             f"--rdzv-backend={backend}",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id=job-{uuid.uuid4().hex[:8]}",
+            f"--rdzv-id={self.run_id}",
             f"--rdzv-conf={rdzv_conf}",
             "--local-addr=127.0.0.1",
             str(TRAIN_SCRIPT),
@@ -105,7 +123,7 @@ class ElasticJob:
         self.nodes: list[Node] = []
 
     def start(self) -> None:
-        env = child_env()
+        env = child_env() | self._env
         for index in range(NODES):
             log = self._logs / f"agent{index}.log"
             with log.open("wb") as out:
@@ -144,12 +162,44 @@ class ElasticJob:
     def kill_group_rank(self, group_rank: int, timeout: float) -> tuple[Node, float]:
         """Once both nodes train, SIGKILL the one of ``group_rank``; the survivor and the
         wall-clock time of the kill."""
+        return self.kill_node(self.node_of_group_rank(group_rank, timeout))
+
+    def kill_steward(self, timeout: float) -> tuple[Node, float]:
+        """Once both nodes train, SIGKILL the one whose agent holds the steward lease
+        (backend ``tp``); the survivor and the wall-clock time of the kill."""
+        self.wait_until_training(timeout)
+        return self.kill_node(self.node_of(self.steward_pid()))
+
+    def node_of_group_rank(self, group_rank: int, timeout: float) -> Node:
+        """Once both nodes train, the node of ``group_rank``."""
         trained = self.wait_until_training(timeout)
-        victim = next(
+        return next(
             self.node_of(report["agent_pid"])
             for report in trained.values()
             if report["group_rank"] == group_rank
         )
+
+    def steward_pid(self) -> int:
+        """The pid of the agent holding the steward lease (backend ``tp``), from the store.
+
+        The lease key ``tp_rdzv/<run>/steward`` holds ``"<epoch> <node> <beat>
+        <round>"`` and a node's key is ``<addr>_<pid>_<local id>``
+        (docs/design/dynamic-rendezvous.md); under torchrun a node is its agent.
+        """
+        host, port = self._endpoint.rsplit(":", 1)
+        store = TCPStore(host, int(port), timeout=_STORE_TIMEOUT)
+        try:
+            lease = store.get(f"tp_rdzv/{self.run_id}/steward").decode()
+        finally:
+            store.close()
+        fields = lease.split(" ")
+        holder = fields[1] if len(fields) > 1 else "-"
+        if holder == "-":
+            raise JobError(f"no steward holds the lease: {lease!r}{self.logs()}")
+        return int(holder.rsplit("_", 2)[1])
+
+    def kill_node(self, victim: Node) -> tuple[Node, float]:
+        """SIGKILL ``victim``; the survivor and the wall-clock time of the kill."""
         (survivor,) = (node for node in self.nodes if node is not victim)
         return survivor, self.kill(victim)
 

@@ -25,6 +25,7 @@ def test_endpoints_are_the_members_client_urls() -> None:
     assert all(re.fullmatch(r"http://127\.0\.0\.1:\d+", url) for url in urls), urls
     assert [member.name for member in etcd.members] == ["m0", "m1", "m2"]
     assert not any(member.alive() for member in etcd.members)
+    assert all(member.pid is None for member in etcd.members)
     assert len(set(urls)) == 3
 
 
@@ -72,6 +73,9 @@ def test_start_serves_and_stop_cleans_up(etcd_binary: str) -> None:
     with LocalEtcd(binary=etcd_binary) as etcd:
         (member,) = etcd.members
         assert member.alive()
+        # The pid is the etcd process's (benchmarks read its CPU time there).
+        assert member.pid is not None
+        assert "etcd" in Path(f"/proc/{member.pid}/comm").read_text()
         assert member.data_dir is not None
         assert member.data_dir.is_dir()
         assert etcd.leader() is member
