@@ -272,19 +272,19 @@ class Steward:
             elif over:
                 continue
             elif self.board.present_again(message):
-                self._node_event(
+                self._event(
                     logging.INFO,
                     "presence_renewed",
-                    message.node,
                     f"node {message.node} is present through a new session; it stays",
+                    about=message.node,
                 )
             else:
                 self._present.discard(message.node.key)
-                self._node_event(
+                self._event(
                     logging.WARNING,
                     "node_gone",
-                    message.node,
                     f"node {message.node} is gone (its presence session ended); removing it",
+                    about=message.node,
                 )
                 events.append(Leave(message.node))
         joiners = [
@@ -510,27 +510,23 @@ class Steward:
         elif self._last_call_at is None:
             self._last_call_at = now + self.settings.timeout.last_call.total_seconds()
 
-    def _event(self, level: int, action: str, message: str, round_: int | None = None) -> None:
+    def _event(
+        self,
+        level: int,
+        action: str,
+        message: str,
+        round_: int | None = None,
+        about: _NodeDesc | None = None,
+    ) -> None:
+        """A record of this steward's, or ``about`` another node (named in its ``node`` field)."""
         log_event(
             log,
             level,
             action,
             message,
             run_id=self.board.run_id,
-            node=self.node,
+            node=self.node if about is None else about,
             round_=self._state.round if round_ is None else round_,
-        )
-
-    def _node_event(self, level: int, action: str, node: _NodeDesc, message: str) -> None:
-        """A record about another ``node`` (named in its ``node`` field)."""
-        log_event(
-            log,
-            level,
-            action,
-            message,
-            run_id=self.board.run_id,
-            node=node,
-            round_=self._state.round,
         )
 
     def _report(self, exc: RendezvousStateError) -> None:
