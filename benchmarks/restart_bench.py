@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -174,10 +175,14 @@ def main() -> int:
                             try:
                                 result = one_run(where, endpoint, backend, way)
                             except JobError as exc:
+                                # The agents' logs, kept for a failed run (the scratch goes).
+                                kept = args.out.parent / "failed-runs" / where.name
+                                shutil.copytree(where, kept, dirs_exist_ok=True)
                                 result = {
                                     "seconds": None,
                                     "restart": None,
                                     "error": str(exc)[:4000],
+                                    "logs": str(kept.relative_to(HERE.parent)),
                                 }
                             runs.append({"impl": impl, "way": way, **result})
                             print(json.dumps(runs[-1])[:300], flush=True)
