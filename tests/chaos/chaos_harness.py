@@ -635,11 +635,16 @@ class Trial:
             self.resume()
 
     def resume(self) -> None:
-        """SIGCONT the paused victims."""
+        """SIGCONT the paused victims.
+
+        After a long pause they rejoin: their peers went on without them. After a
+        short one they hold what they held: nobody should have moved on.
+        """
         for victim in self.paused:
             victim.resume()
             self.resumed.append(victim)
-            self.rejoin_after_resume.add(victim.name)
+            if self.plan.pause == "long":
+                self.rejoin_after_resume.add(victim.name)
         self.resumed_at = time.monotonic()
         self.paused = []
 
