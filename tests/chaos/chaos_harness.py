@@ -407,20 +407,21 @@ def find_split_brains(
 
 
 def short_pause_removals(
-    run_id: str, records: Iterable[dict[str, Any]], victims: dict[int, str]
+    run_id: str, records: Iterable[dict[str, Any]], victims: dict[int, str], until: float
 ) -> list[str]:
     """Every sign in the logs that a victim of a short pause was taken for gone.
 
     ``victims`` maps their pids to their names. A sign is a steward's
     ``node_gone`` (its session ended) or ``node_dead`` (its counter stopped)
     naming one, or a victim's own ``presence_lost`` (it found its session
-    ended and opened a new one).
+    ended and opened a new one), logged before ``until`` (wall clock: the
+    trial's end, where every node leaves and the steward sees them go).
     """
     ids = {f"{ADDR}_{pid}_0": name for pid, name in victims.items()}
     pids = victims
     found = []
     for record in records:
-        if record.get("run_id") != run_id:
+        if record.get("run_id") != run_id or not record.get("time", until) < until:
             continue
         action = record.get("action")
         if action in ("node_gone", "node_dead") and record.get("node") in ids:
@@ -447,6 +448,8 @@ class Trial:
         #: Victims paused and resumed, and the monotonic time of their resumption.
         self.resumed: list[NodeProcess] = []
         self.resumed_at = 0.0
+        #: Wall-clock time when the trial began to stop its nodes (their logs' clock).
+        self.ended_at = 0.0
         #: Resumed victims that still owe a ``next`` of their own (see ``rejoin_if_needed``).
         self.rejoin_after_resume: set[str] = set()
         #: Commands sent to each node and not answered yet.
@@ -832,7 +835,9 @@ class Trial:
             return True
         if "error" in answer:
             return False
-        if answer.get("cmd") != "next":
+        if answer.get("cmd") != "next" or self.plan.phase == "closing":
+            # After the closing every node must hear of it (when nobody died, no
+            # answer names a dead node to send them back).
             return True
         members = set(answer["participants"])
         if members & dead or not {node_id(n) for n in live.values()} <= members:
@@ -934,7 +939,9 @@ class Trial:
             self.result.problems.append("no round_complete record in any node's log")
         if self.plan.pause == "short":
             victims = {victim.pid: victim.name for victim in self.resumed}
-            self.result.problems += short_pause_removals(self.run_id, records, victims)
+            self.result.problems += short_pause_removals(
+                self.run_id, records, victims, self.ended_at
+            )
 
     # -- the whole trial ----------------------------------------------------------------
     def run(self) -> TrialResult:
@@ -957,6 +964,7 @@ class Trial:
             self.result.problems.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
         finally:
             self.resume()
+            self.ended_at = time.time()
             self.stop()
         self.check_logs()
         self.result.elapsed = time.monotonic() - started

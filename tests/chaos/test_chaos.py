@@ -142,13 +142,15 @@ def test_checker_finds_a_list_the_steward_never_committed() -> None:
 
 
 def test_checker_finds_a_victim_of_a_short_pause_taken_for_gone() -> None:
-    gone = {"action": "node_gone", "run_id": RUN, "node": B, "message": "gone"}
-    dead = {"action": "node_dead", "run_id": RUN, "node": C, "message": "silent"}
-    renewed = {"action": "presence_lost", "run_id": RUN, "pid": 12, "message": "ended"}
+    gone = {"action": "node_gone", "run_id": RUN, "node": B, "message": "gone", "time": 1.0}
+    dead = {"action": "node_dead", "run_id": RUN, "node": C, "message": "silent", "time": 2.0}
+    renewed = {"action": "presence_lost", "run_id": RUN, "pid": 12, "message": "", "time": 3.0}
     elsewhere = {**gone, "run_id": "other-run"}
-    records = [_committed(0, [A, B, C]), gone, dead, renewed, elsewhere]
-    assert chaos.short_pause_removals(RUN, records, {10: "a"}) == []
-    found = chaos.short_pause_removals(RUN, records, {11: "b", 12: "c"})
+    # When the trial ends every node leaves: the steward sees them go.
+    at_the_end = {**gone, "node": C, "time": 9.0}
+    records = [_committed(0, [A, B, C]), gone, dead, renewed, elsewhere, at_the_end]
+    assert chaos.short_pause_removals(RUN, records, {10: "a"}, until=9.0) == []
+    found = chaos.short_pause_removals(RUN, records, {11: "b", 12: "c"}, until=9.0)
     assert found == [
         "b was removed in a short pause: gone",
         "c was removed in a short pause: silent",
