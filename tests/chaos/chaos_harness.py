@@ -1,4 +1,4 @@
-"""Chaos trials for the dynamic rendezvous: real processes, real ``kill -9``.
+"""Chaos trials for the dynamic rendezvous: real processes, real ``kill -9`` and ``SIGSTOP``.
 
 One trial starts a store host (a dedicated ``python -m tp_store`` process, or
 node 0 hosting the store in-process), then N node processes
@@ -19,10 +19,26 @@ drives them into one phase of a round and kills one or more of them with
                node) is killed
 =============  ============================================================
 
+One trial in five pauses its victims (``SIGSTOP``) in that phase instead of
+killing them, often the node holding the steward lease:
+
+=============  ============================================================
+``short``      the pause (1 s) is a quarter of the liveness bound or less;
+               then ``SIGCONT``. Nobody may remove a victim: no steward
+               logs its departure, its presence session never ended, it is
+               present at the end and in the final round, and a paused
+               steward still holds the lease.
+``long``       the victims stay frozen until the others have re-formed
+               without them (their sessions ended: they were removed); then
+               ``SIGCONT``, and every node, the victims too, must re-form
+               together. A resumed steward must decide nothing: the
+               split-brain check covers its log.
+=============  ============================================================
+
 The survivors then behave like agents: each re-joins (``next``) whenever the
-round it got names a dead node or misses a live one, until every survivor
-holds the same round. A trial passes when it ends in an outcome its plan
-allows:
+round it got names a dead node or misses a live one, or another survivor holds
+a newer round, until every survivor holds the same round. A trial passes when
+it ends in an outcome its plan allows:
 
 - ``reformed``: every survivor holds the same participant list, the ranks are
   0..n-1 once each, the killed nodes are absent and every survivor is in;
@@ -73,6 +89,7 @@ from tp_store import StoreError, TCPStore
 
 PHASES = ("joining", "last_call", "complete", "heartbeat", "closing")
 TOPOLOGIES = ("dedicated", "hosted")
+PAUSES = ("short", "long")
 ADDR = "127.0.0.1"
 #: The trials of one CI run (``TP_CHAOS_TRIALS`` overrides).
 CI_TRIALS = 50
@@ -86,6 +103,10 @@ READ_TIMEOUT = 3.0
 CLOSE_TIMEOUT = 2.0
 #: Far beyond any trial: a join that times out is a hang, reported as such.
 JOIN_TIMEOUT = 30.0
+#: How long a short pause freezes its victims (seconds): issue 25's figure.
+SHORT_PAUSE = 1.0
+#: keep_alive_max_attempt of short-pause trials: a bound of 4 s or more (ka 0.2 or 0.3 s).
+SHORT_PAUSE_ATTEMPTS = 20
 LISTENING = re.compile(r"^listening on (?P<host>[^\s]+):(?P<port>\d+)$")
 
 #: Lines for the pytest session's summary (the figures), even when the run passes.
@@ -109,11 +130,13 @@ class TrialPlan:
     #: unless the store host is the one to die).
     victims: tuple[int, ...]
     kill_store: bool
-    #: Replace a victim by whichever node holds the steward lease at the kill.
+    #: Replace a victim by whichever node holds the steward lease at the kill (or pause).
     kill_steward: bool
     min_nodes: int
     max_nodes: int
     keep_alive_interval: float
+    #: With the interval, the liveness bound: a presence session's timeout.
+    keep_alive_max_attempt: int
     last_call: float
     #: Fraction of the phase's window to wait before the kill.
     delay: float
@@ -121,6 +144,15 @@ class TrialPlan:
     #: every answer; heartbeat -> a cascade (see :attr:`cascade`); closing ->
     #: the closer is a victim.
     variant: bool
+    #: ``""`` (the victims are killed), ``"short"`` or ``"long"`` (they are paused).
+    pause: str = ""
+    #: How long a short pause lasts (a long one lasts until the others re-formed).
+    pause_seconds: float = 0.0
+
+    @property
+    def liveness_bound(self) -> float:
+        """Seconds of silence after which the store ends a node's session."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt
 
     @property
     def cascade(self) -> bool:
@@ -148,24 +180,34 @@ class TrialPlan:
         """One line for reports."""
         store = " +store" if self.kill_store else ""
         steward = " +steward" if self.kill_steward else ""
+        pause = ""
+        if self.pause == "short":
+            pause = f" pause={self.pause_seconds:g}s"
+        elif self.pause:
+            pause = " pause=long"
         return (
-            f"#{self.index} {self.phase}/{self.topology}{store}{steward} N={self.nodes} "
+            f"#{self.index} {self.phase}/{self.topology}{pause}{store}{steward} N={self.nodes} "
             f"victims={list(self.victims)} min={self.min_nodes} max={self.max_nodes} "
-            f"ka={self.keep_alive_interval} lc={self.last_call} delay={self.delay:.2f}"
-            f"{' variant' if self.variant else ''}"
+            f"ka={self.keep_alive_interval}x{self.keep_alive_max_attempt} lc={self.last_call} "
+            f"delay={self.delay:.2f}{' variant' if self.variant else ''}"
         )
 
 
 def plan_trial(seed: int, index: int) -> TrialPlan:
     """The plan of trial ``index`` of the run seeded ``seed``.
 
-    Phase, topology and store kills cycle with the index so that any 50
-    consecutive trials cover every phase in both topologies, with and without
-    the store dying; the rest is drawn from the trial's own generator.
+    Phase, topology, store kills and pauses cycle with the index so that any
+    50 consecutive trials cover every phase in both topologies, with and
+    without the store dying, and paused (short and long) instead of killed;
+    the rest is drawn from the trial's own generator.
     """
     phase = PHASES[index % len(PHASES)]
     topology = TOPOLOGIES[(index // len(PHASES)) % len(TOPOLOGIES)]
-    kill_store = (index // (len(PHASES) * len(TOPOLOGIES))) % 5 == 2
+    block = (index // (len(PHASES) * len(TOPOLOGIES))) % 5
+    kill_store = block == 2
+    # One block in five pauses instead of killing: short and long alternate, so
+    # each phase gets both (one in each topology).
+    pause = ("long" if index % 2 == 0 else "short") if block == 4 else ""
     rng = random.Random(seed * 100_003 + index)
     nodes = rng.choice((4, 4, 5, 5, 6))
     victim_count = rng.choice((1, 1, 2)) if nodes > 4 else 1
@@ -177,13 +219,18 @@ def plan_trial(seed: int, index: int) -> TrialPlan:
     variant = rng.random() < 0.5
     if phase == "heartbeat":
         # Cascades by the index, so that every 50 trials hold some.
-        variant = (index // (len(PHASES) * len(TOPOLOGIES))) % 2 == 1
+        variant = block % 2 == 1
     cascade = phase == "heartbeat" and variant and not kill_store
     # A cascade kills the steward too, after the planned victims.
     survivors = nodes - len(victims) - cascade
     min_nodes = max(1, survivors - rng.choice((0, 0, 1)))
     # Joining and last-call trials need room for the last call: max is never reached.
     max_nodes = nodes + 1 if phase in ("joining", "last_call") else nodes
+    kill_steward = cascade or (not kill_store and rng.random() < 0.4)
+    if pause:
+        # Most pauses freeze the steward, in both kinds (by the index, so every 50 do).
+        kill_steward = (index // 2) % 2 == 0
+    keep_alive_interval = rng.choice((0.2, 0.3))
     return TrialPlan(
         seed=seed,
         index=index,
@@ -192,13 +239,18 @@ def plan_trial(seed: int, index: int) -> TrialPlan:
         nodes=nodes,
         victims=victims,
         kill_store=kill_store,
-        kill_steward=cascade or (not kill_store and rng.random() < 0.4),
+        kill_steward=kill_steward,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
-        keep_alive_interval=rng.choice((0.2, 0.3)),
+        keep_alive_interval=keep_alive_interval,
+        # A short pause lasts a quarter of the bound at most: a loaded machine
+        # delaying a ping by the rest must not end the session.
+        keep_alive_max_attempt=SHORT_PAUSE_ATTEMPTS if pause == "short" else 2,
         last_call=rng.choice((0.3, 0.4, 0.5)),
         delay=rng.random(),
         variant=variant,
+        pause=pause,
+        pause_seconds=SHORT_PAUSE if pause == "short" else 0.0,
     )
 
 
@@ -210,11 +262,13 @@ class TrialResult:
     outcome: str = "unknown"
     problems: list[str] = dataclasses.field(default_factory=list)
     split_brains: list[str] = dataclasses.field(default_factory=list)
-    #: Where the kill landed: the round had completed already, or not yet.
+    #: Where the kill (or pause) landed: the round had completed already, or not yet.
     kill_landed: str = ""
     steward_killed: bool = False
+    steward_paused: bool = False
     #: Node processes killed (the planned victims, plus the steward of a cascade).
     nodes_killed: int = 0
+    nodes_paused: int = 0
     #: For kills after completion with a live steward: whether it marked the round stale.
     stale_marked: bool | None = None
     rounds_committed: int = 0
@@ -230,10 +284,12 @@ class TrialResult:
     def describe(self) -> str:
         """A report line, with the problems found."""
         verdict = "ok" if self.passed else "FAILED"
+        strike = "pause" if self.plan.pause else "kill"
         lines = [
             f"{verdict} {self.plan.describe()} -> {self.outcome} in {self.elapsed:.1f} s"
-            f" (kill {self.kill_landed or '-'}"
-            f"{', steward killed' if self.steward_killed else ''})"
+            f" ({strike} {self.kill_landed or '-'}"
+            f"{', steward killed' if self.steward_killed else ''}"
+            f"{', steward paused' if self.steward_paused else ''})"
         ]
         lines += [f"    split brain: {text}" for text in self.split_brains]
         lines += [f"    problem: {text}" for text in self.problems]
@@ -350,6 +406,33 @@ def find_split_brains(
     return found, len(committed)
 
 
+def short_pause_removals(
+    run_id: str, records: Iterable[dict[str, Any]], victims: dict[int, str], until: float
+) -> list[str]:
+    """Every sign in the logs that a victim of a short pause was taken for gone.
+
+    ``victims`` maps their pids to their names. A sign is a steward's
+    ``node_gone`` (its session ended) or ``node_dead`` (its counter stopped)
+    naming one, or a victim's own ``presence_lost`` (it found its session
+    ended and opened a new one), logged before ``until`` (wall clock: the
+    trial's end, where every node leaves and the steward sees them go).
+    """
+    ids = {f"{ADDR}_{pid}_0": name for pid, name in victims.items()}
+    pids = victims
+    found = []
+    for record in records:
+        if record.get("run_id") != run_id or not record.get("time", until) < until:
+            continue
+        action = record.get("action")
+        if action in ("node_gone", "node_dead") and record.get("node") in ids:
+            found.append(
+                f"{ids[record['node']]} was removed in a short pause: {record.get('message')}"
+            )
+        elif action == "presence_lost" and record.get("pid") in pids:
+            found.append(f"{pids[record['pid']]}'s session ended in a short pause")
+    return found
+
+
 class Trial:
     """One trial, run by :meth:`run` (which never raises: problems are recorded)."""
 
@@ -360,6 +443,17 @@ class Trial:
         self.result = TrialResult(plan, log_dir=str(workdir))
         self.nodes: list[NodeProcess] = []
         self.killed: list[NodeProcess] = []
+        #: Victims frozen now (a long pause until the others re-formed).
+        self.paused: list[NodeProcess] = []
+        #: Victims paused and resumed, and the monotonic time of their resumption.
+        self.resumed: list[NodeProcess] = []
+        self.resumed_at = 0.0
+        #: Wall-clock time when the trial began to stop its nodes (their logs' clock).
+        self.ended_at = 0.0
+        #: Resumed victims that still owe a ``next`` of their own (see ``rejoin_if_needed``).
+        self.rejoin_after_resume: set[str] = set()
+        #: Commands sent to each node and not answered yet.
+        self.unanswered: Counter[str] = Counter()
         self.store_host: StoreHost | None = None
         self.store_dead = False
         self.port = 0
@@ -378,7 +472,7 @@ class Trial:
             "read_timeout": READ_TIMEOUT,
             "close_timeout": CLOSE_TIMEOUT,
             "keep_alive_interval": plan.keep_alive_interval,
-            "keep_alive_max_attempt": 2,
+            "keep_alive_max_attempt": plan.keep_alive_max_attempt,
             "last_call_timeout": plan.last_call,
             "is_host": plan.topology == "hosted" and index == 0,
         }
@@ -469,9 +563,11 @@ class Trial:
     def send(self, nodes: Iterable[NodeProcess], command: str) -> None:
         for node in nodes:
             node.send(command)
+            self.unanswered[node.name] += 1
 
     def take(self, node: NodeProcess, answer: dict[str, Any]) -> None:
         self.result.answers += 1
+        self.unanswered[node.name] -= 1
         if answer.get("cmd") == "next" and "error" not in answer:
             self.history.append((node.name, answer))
         self.latest[node.name] = answer
@@ -507,11 +603,15 @@ class Trial:
         return victims
 
     def kill(self, victims: Sequence[NodeProcess], round_: int) -> None:
-        """SIGKILL ``victims`` (and the store host if planned); note where the kill landed."""
+        """SIGKILL ``victims`` (and the store host if planned), or pause them if the
+        plan says so; note where the kill landed."""
         self.result.kill_landed = (
             "after completion" if self.round_completed(round_) else "before completion"
         )
         pid = self.steward_pid()
+        if self.plan.pause:
+            self.pause(victims, pid)
+            return
         if self.plan.kill_store:
             self.store_dead = True
             if self.store_host is not None:
@@ -523,8 +623,37 @@ class Trial:
             if victim.pid == pid:
                 self.result.steward_killed = True
 
+    def pause(self, victims: Sequence[NodeProcess], steward_pid: int | None) -> None:
+        """SIGSTOP ``victims``; a short pause ends after ``pause_seconds``, a long one
+        when the others have re-formed (:meth:`run`)."""
+        for victim in victims:
+            victim.pause()
+            self.paused.append(victim)
+            self.result.nodes_paused += 1
+            if victim.pid == steward_pid:
+                self.result.steward_paused = True
+        if self.plan.pause == "short":
+            # The pause itself is the stimulus: nothing is judged by its length.
+            self.dwell(self.plan.pause_seconds)
+            self.resume()
+
+    def resume(self) -> None:
+        """SIGCONT the paused victims.
+
+        After a long pause they rejoin: their peers went on without them. After a
+        short one they hold what they held: nobody should have moved on.
+        """
+        for victim in self.paused:
+            victim.resume()
+            self.resumed.append(victim)
+            if self.plan.pause == "long":
+                self.rejoin_after_resume.add(victim.name)
+        self.resumed_at = time.monotonic()
+        self.paused = []
+
     def survivors(self) -> list[NodeProcess]:
-        return [node for node in self.nodes if node not in self.killed]
+        """The nodes that take part now: neither killed nor frozen."""
+        return [node for node in self.nodes if node not in self.killed + self.paused]
 
     def dwell(self, seconds: float) -> None:
         """Let the phase run for ``seconds``: the time of the kill is what a trial varies."""
@@ -599,7 +728,7 @@ class Trial:
             self.closer = candidates[0]
         else:
             self.closer = next(n for n in self.nodes if n not in victims)
-        self.closer.send("close")
+        self.send([self.closer], "close")
         # set_closed() takes a few store round trips: the kill lands inside it, or just after.
         self.dwell(plan.delay * 0.03)
         self.kill(victims, 0)
@@ -612,10 +741,14 @@ class Trial:
         ``wait_for_change()``, which would take a silent steward's lease over),
         so a dead steward is replaced only when a node calls
         ``next_rendezvous()`` again; those trials are not checked here.
+        A short pause must not mark it (nobody leaves); a paused steward marks
+        nothing until it resumes, like a dead one.
         """
-        if self.store_dead or self.result.steward_killed:
+        if self.store_dead or self.result.steward_killed or self.result.steward_paused:
             return
-        bound = self.plan.keep_alive_interval * 2
+        if self.plan.pause == "short":
+            return
+        bound = self.plan.liveness_bound
         key = self.key(f"stale/{round_}")
 
         def wait(store: TCPStore) -> bool:
@@ -633,39 +766,59 @@ class Trial:
             )
 
     # -- after the kill: agents re-join until they agree --------------------------------
-    def settle(self) -> None:
-        """Drive the survivors like agents until each ends in a round or an error."""
+    def settle(self, after_pause: bool = False) -> None:
+        """Drive the survivors like agents until each ends in a round or an error.
+
+        ``after_pause``: the victims of a long pause were just resumed, the
+        others had re-formed without them (the closing, if any, is done).
+        """
         survivors = self.survivors()
-        dead = {node_id(node) for node in self.killed}
+        dead = {node_id(node) for node in self.killed + self.paused}
         by_name = {node.name: node for node in survivors}
-        if self.plan.phase == "closing":
+        if self.plan.phase == "closing" and not after_pause:
             self.finish_closing(survivors)
-        outstanding: set[str] = set()
         for node in survivors:
-            if self.needs_rejoin(node, dead, by_name):
-                node.send("next")
-                outstanding.add(node.name)
+            self.rejoin_if_needed(node, dead, by_name)
         deadline = time.monotonic() + SETTLE_TIMEOUT
-        while outstanding and time.monotonic() < deadline:
-            for name in sorted(outstanding):
-                node = by_name[name]
+        while time.monotonic() < deadline:
+            waiting = [node for node in survivors if self.unanswered[node.name] > 0]
+            if not waiting:
+                break
+            for node in waiting:
                 answer = node.poll(0.01)
                 if answer is None:
                     continue
                 self.take(node, answer)
-                outstanding.discard(name)
-                # An answer that misses a live survivor or names a dead node: the
-                # agents holding it restart, as they would on num_nodes_waiting()
-                # or on a failed worker.
+                # An answer that misses a live survivor, names a dead node or is
+                # older than another's: the agents holding it restart, as they
+                # would on num_nodes_waiting() or on a failed worker.
                 for other in survivors:
-                    if other.name not in outstanding and self.needs_rejoin(other, dead, by_name):
-                        other.send("next")
-                        outstanding.add(other.name)
+                    self.rejoin_if_needed(other, dead, by_name)
+        outstanding = sorted(node.name for node in survivors if self.unanswered[node.name] > 0)
         if outstanding:
             self.result.problems.append(
-                f"{sorted(outstanding)} still in next_rendezvous() {SETTLE_TIMEOUT:g} s after "
-                "the kill"
+                f"{outstanding} still in next_rendezvous() {SETTLE_TIMEOUT:g} s after "
+                f"the {'resumption' if after_pause else 'kill'}"
             )
+
+    def rejoin_if_needed(
+        self, node: NodeProcess, dead: set[str], live: dict[str, NodeProcess]
+    ) -> None:
+        """Send ``next`` to ``node`` if it has answered everything and needs a new round.
+
+        A resumed victim rejoins once, unless an answer came after its
+        resumption (a round it joined since): its peers went on without it.
+        """
+        if self.unanswered[node.name] > 0:
+            return
+        if node.name in self.rejoin_after_resume:
+            self.rejoin_after_resume.discard(node.name)
+            arrived = self.latest.get(node.name, {}).get("_arrived", 0.0)
+            if arrived < self.resumed_at:
+                self.send([node], "next")
+                return
+        if self.needs_rejoin(node, dead, live):
+            self.send([node], "next")
 
     def finish_closing(self, survivors: Sequence[NodeProcess]) -> None:
         """The closer's answer if it survived; else another node closes, as agents do."""
@@ -673,7 +826,8 @@ class Trial:
         if self.closer is not None and self.closer in survivors:
             self.take(self.closer, self.closer.read(budget, "the answer to close"))
         elif not self.store_dead:
-            self.take(survivors[0], survivors[0].request("close", budget))
+            self.send([survivors[0]], "close")
+            self.take(survivors[0], survivors[0].read(budget, "the answer to 'close'"))
 
     def needs_rejoin(self, node: NodeProcess, dead: set[str], live: dict[str, NodeProcess]) -> bool:
         answer = self.latest.get(node.name)
@@ -681,12 +835,18 @@ class Trial:
             return True
         if "error" in answer:
             return False
-        if answer.get("cmd") != "next":
+        if answer.get("cmd") != "next" or self.plan.phase == "closing":
+            # After the closing every node must hear of it (when nobody died, no
+            # answer names a dead node to send them back).
             return True
         members = set(answer["participants"])
-        return bool(members & dead) or not {node_id(n) for n in live.values()} <= members
+        if members & dead or not {node_id(n) for n in live.values()} <= members:
+            return True
+        rounds = [self.latest.get(name, {}).get("round") for name in live]
+        newest = max((round_ for round_ in rounds if isinstance(round_, int)), default=None)
+        round_ = answer.get("round")
+        return isinstance(round_, int) and newest is not None and round_ < newest
 
-    # -- verdict ------------------------------------------------------------------------
     def judge(self) -> None:
         survivors = self.survivors()
         finals = [self.latest.get(node.name, {}) for node in survivors]
@@ -755,6 +915,19 @@ class Trial:
                     f"{list(published)}"
                 )
 
+    def check_still_there(self) -> None:
+        """After a short pause: the victims are present, and a paused steward still decides."""
+        for victim in self.resumed:
+            key = self.key(f"present/{node_id(victim)}")
+            if not self.store_call("checking presence", lambda s, key=key: s.check([key])):
+                self.result.problems.append(f"{victim.name} is not present after a short pause")
+        if self.result.steward_paused:
+            pid = self.steward_pid()
+            if pid not in {victim.pid for victim in self.resumed}:
+                self.result.problems.append(
+                    f"the paused steward lost the lease in a short pause (now pid {pid})"
+                )
+
     def check_logs(self) -> None:
         records = [
             record for path in sorted(self.workdir.glob("n*.jsonl")) for record in read_log(path)
@@ -762,8 +935,16 @@ class Trial:
         found, committed = find_split_brains(self.run_id, records, self.history)
         self.result.split_brains += found
         self.result.rounds_committed = committed
-        if not committed and self.history:
+        # A steward killed between saving a completed round and logging it takes
+        # the round's record with it; its successor publishes the round unlogged
+        # (check_published still compares what the nodes were told).
+        if not committed and self.history and not self.result.steward_killed:
             self.result.problems.append("no round_complete record in any node's log")
+        if self.plan.pause == "short":
+            victims = {victim.pid: victim.name for victim in self.resumed}
+            self.result.problems += short_pause_removals(
+                self.run_id, records, victims, self.ended_at
+            )
 
     # -- the whole trial ----------------------------------------------------------------
     def run(self) -> TrialResult:
@@ -773,11 +954,20 @@ class Trial:
             getattr(self, f"phase_{self.plan.phase}")()
             self.settle()
             self.judge()
+            if self.paused and self.result.passed:
+                # The others went on without the frozen victims: now they come back.
+                self.resume()
+                self.settle(after_pause=True)
+                self.judge()
             self.check_published()
+            if self.plan.pause == "short":
+                self.check_still_there()
         except Exception as exc:  # a node that did not answer in time, or a harness bug
             self.result.outcome = "harness-error"
             self.result.problems.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
         finally:
+            self.resume()
+            self.ended_at = time.time()
             self.stop()
         self.check_logs()
         self.result.elapsed = time.monotonic() - started
@@ -814,6 +1004,10 @@ class ChaosRun:
     def failed(self) -> list[TrialResult]:
         return [result for result in self.results if not result.passed]
 
+    def by_pause(self) -> dict[str, list[TrialResult]]:
+        """The results of the trials of each kind of pause."""
+        return {kind: [r for r in self.results if r.plan.pause == kind] for kind in PAUSES}
+
     def figures(self) -> str:
         """The table the lead quotes."""
         outcomes = Counter(result.outcome for result in self.results)
@@ -835,6 +1029,14 @@ class ChaosRun:
             ("nodes killed", sum(r.nodes_killed for r in self.results)),
             ("store hosts killed", sum(r.plan.kill_store for r in self.results)),
             ("stewards killed", sum(r.steward_killed for r in self.results)),
+            *(
+                (
+                    f"nodes paused {kind}",
+                    f"{sum(r.nodes_paused for r in paused)} (stewards "
+                    f"{sum(r.steward_paused for r in paused)})",
+                )
+                for kind, paused in self.by_pause().items()
+            ),
             ("cascades (victims, then steward)", sum(r.plan.cascade for r in self.results)),
             ("rounds committed (logged)", sum(r.rounds_committed for r in self.results)),
             ("next() answers checked", sum(r.answers for r in self.results)),
@@ -844,7 +1046,8 @@ class ChaosRun:
                 (
                     f"  trials {phase}",
                     f"{len(plans)} (hosted {sum(p.topology == 'hosted' for p in plans)}, "
-                    f"store killed {sum(p.kill_store for p in plans)})",
+                    f"store killed {sum(p.kill_store for p in plans)}, "
+                    f"paused {sum(bool(p.pause) for p in plans)})",
                 )
                 for phase, plans in phases.items()
                 if plans

@@ -1,4 +1,4 @@
-"""Chaos trials: ``kill -9`` in every phase of a round, and of the store host.
+"""Chaos trials: ``kill -9`` or ``SIGSTOP`` in every phase of a round, and of the store host.
 
 ``test_chaos_trials`` runs ``TP_CHAOS_TRIALS`` trials (50 by default, the CI
 size), ``TP_CHAOS_PARALLEL`` at a time, seeded by ``TP_CHAOS_SEED`` (a fresh
@@ -39,18 +39,19 @@ def test_chaos_trials() -> None:
 
 
 # ---------------------------------------------------------------------------
-# The plan: CI's 50 trials cover every phase, both topologies, store kills.
+# The plan: CI's 50 trials cover every phase, both topologies, store kills, pauses.
 # ---------------------------------------------------------------------------
 
 
 def test_fifty_trials_cover_every_phase_and_topology() -> None:
     plans = [chaos.plan_trial(SEED, index) for index in range(chaos.CI_TRIALS)]
-    normal = Counter((p.phase, p.topology) for p in plans if not p.kill_store)
-    store = Counter((p.phase, p.topology) for p in plans if p.kill_store)
+    kills = [p for p in plans if not p.pause]
+    normal = Counter((p.phase, p.topology) for p in kills if not p.kill_store)
+    store = Counter((p.phase, p.topology) for p in kills if p.kill_store)
     every = {(phase, topology) for phase in chaos.PHASES for topology in chaos.TOPOLOGIES}
     assert set(normal) == every
     assert set(store) == every
-    assert sum(p.kill_steward for p in plans) >= 5
+    assert sum(p.kill_steward for p in kills) >= 5
     assert sum(p.cascade for p in plans) >= 2
     for plan in plans:
         survivors = plan.nodes - len(plan.victims) - plan.cascade
@@ -60,6 +61,27 @@ def test_fifty_trials_cover_every_phase_and_topology() -> None:
         if plan.topology == "hosted":
             # Node 0 hosts the store: it dies exactly when the store does.
             assert (0 in plan.victims) == plan.kill_store, plan
+
+
+def test_one_trial_in_five_pauses_short_and_long_in_every_phase() -> None:
+    plans = [chaos.plan_trial(SEED, index) for index in range(chaos.CI_TRIALS)]
+    pauses = [p for p in plans if p.pause]
+    assert len(pauses) == chaos.CI_TRIALS // 5
+    assert {(p.phase, p.pause) for p in pauses} == {
+        (phase, kind) for phase in chaos.PHASES for kind in chaos.PAUSES
+    }
+    assert {p.topology for p in pauses} == set(chaos.TOPOLOGIES)
+    for kind in chaos.PAUSES:
+        assert sum(p.kill_steward for p in pauses if p.pause == kind) >= 2
+    for plan in pauses:
+        assert not plan.kill_store
+        assert not plan.cascade
+        if plan.pause == "short":
+            # Well inside the session timeout, as issue 25 states it: 1 s.
+            assert plan.pause_seconds == 1.0
+            assert plan.pause_seconds * 4 <= plan.liveness_bound
+        # The trial's line names the pause: a failing one can be replayed.
+        assert f"pause={'long' if plan.pause == 'long' else '1s'}" in plan.describe()
 
 
 def test_a_plan_is_a_function_of_seed_and_index() -> None:
@@ -117,6 +139,23 @@ def test_checker_finds_a_list_the_steward_never_committed() -> None:
     found, _ = chaos.find_split_brains(RUN, [_committed(3, [A, B])], [("a", _told(3, [B, A]))])
     assert len(found) == 1
     assert "the steward committed" in found[0]
+
+
+def test_checker_finds_a_victim_of_a_short_pause_taken_for_gone() -> None:
+    gone = {"action": "node_gone", "run_id": RUN, "node": B, "message": "gone", "time": 1.0}
+    dead = {"action": "node_dead", "run_id": RUN, "node": C, "message": "silent", "time": 2.0}
+    renewed = {"action": "presence_lost", "run_id": RUN, "pid": 12, "message": "", "time": 3.0}
+    elsewhere = {**gone, "run_id": "other-run"}
+    # When the trial ends every node leaves: the steward sees them go.
+    at_the_end = {**gone, "node": C, "time": 9.0}
+    records = [_committed(0, [A, B, C]), gone, dead, renewed, elsewhere, at_the_end]
+    assert chaos.short_pause_removals(RUN, records, {10: "a"}, until=9.0) == []
+    found = chaos.short_pause_removals(RUN, records, {11: "b", 12: "c"}, until=9.0)
+    assert found == [
+        "b was removed in a short pause: gone",
+        "c was removed in a short pause: silent",
+        "c's session ended in a short pause",
+    ]
 
 
 def test_logs_cut_by_sigkill_are_read_up_to_the_cut(tmp_path: Path) -> None:

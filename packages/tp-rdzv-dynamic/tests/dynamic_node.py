@@ -432,6 +432,15 @@ class NodeProcess:
         """Whether the process still runs."""
         return self.proc.poll() is None
 
+    def pause(self) -> None:
+        """Freeze the process (``SIGSTOP``): its sockets stay open, it answers nothing."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a frozen process go on (``SIGCONT``)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """``kill -9`` the process and reap it."""
         with contextlib.suppress(ProcessLookupError):
