@@ -29,7 +29,6 @@ from tp_rdzv_dynamic.documents.codecs import (
     Mail,
     decode_outcome,
     encode_liveness,
-    encode_outcome,
 )
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.decisions import (
@@ -186,9 +185,9 @@ class Steward:
             self._liveness.suspect(self._suspect, now, self._tick)
         if state.complete:
             key = self.board.keys.outcome(state.round)
-            published = self.board.publish(state.round, encode_outcome(state.outcome()))
+            published = self.board.publish(state.outcome())
             try:
-                members = len(decode_outcome(published, key).participants)
+                members = decode_outcome(published, key).world_size
             except RendezvousStateError as exc:
                 # Not what a steward wrote: its nodes must rendezvous again.
                 log.warning("rendezvous %r: a corrupt round outcome: %s", self.board.run_id, exc)
@@ -470,7 +469,7 @@ class Steward:
         """Publish the outcomes of the rounds that completed, then the counters."""
         for outcome in transition.outcomes:
             round_, members = outcome.round, outcome.participants
-            self.board.publish(round_, encode_outcome(outcome))
+            self.board.publish(outcome)
             # The record names the membership committed (a digest, not the
             # list): a log of these is what split-brain checks compare.
             log_event(
@@ -535,4 +534,4 @@ class Steward:
             first = self.board.read_lease().round
             for round_ in (first, first + 1):
                 failed = RoundOutcome(round_, closed=False, error=str(exc))
-                self.board.publish(round_, encode_outcome(failed))
+                self.board.publish(failed)
