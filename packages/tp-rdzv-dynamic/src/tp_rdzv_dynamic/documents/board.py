@@ -86,6 +86,13 @@ class RendezvousBoard:
             session.set(self.keys.presence(node.key), token)
             session.add_will(self.keys.mailbox, gone)
 
+    def be_absent(self, node: _NodeDesc, token: str) -> None:
+        """End ``node``'s presence in a session others stay present through: its key
+        deleted, then its departure posted, as the session's end would do."""
+        with self._store_errors("ending this node's presence"):
+            self.store.delete_key(self.keys.presence(node.key))
+            self.store.queue_push(self.keys.mailbox, encode_message(Gone(node, token)))
+
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.
 

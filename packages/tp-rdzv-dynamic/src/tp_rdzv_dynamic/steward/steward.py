@@ -265,10 +265,15 @@ class Steward:
         over = any(isinstance(message, Gone) for message, _ in mail) and (
             self._state.closed or self.board.is_closed()
         )
+        joining: set[_NodeDesc] = set()
         for message, _ in mail:
             if not isinstance(message, Gone):
                 events.append(message)
-            elif over:
+                if isinstance(message, Join):
+                    joining.add(message.node)
+            elif over or not self._is_member(message.node, joining):
+                # A node that already left: the will of a session it shared with
+                # other nodes of its process fires when that session ends.
                 continue
             elif self.board.present_again(message):
                 self._event(
@@ -293,6 +298,14 @@ class Steward:
         ]
         self._watch_presence(joiners)
         return events
+
+    def _is_member(self, node: _NodeDesc, joining: set[_NodeDesc]) -> bool:
+        """Whether ``node`` is in the state, or ``joining`` in the batch under way."""
+        state = self._state
+        return node in joining or any(
+            node in listed
+            for listed in (state.participants, state.wait_list, state.redundancy_list)
+        )
 
     def _watch_presence(self, nodes: list[_NodeDesc]) -> None:
         """Watch those of ``nodes`` that have a presence key through their sessions.
@@ -394,6 +407,7 @@ class Steward:
         """
         self._unsaved.extend(events)
         before = self._state
+        started = time.monotonic()
         transition = apply(self._state, events, self.settings, last_call_expired=last_call_expired)
         self._state = transition.state
         urgent = (
@@ -410,6 +424,14 @@ class Steward:
         # the drain), so they post them again to the next steward.
         self._taken = []
         self._refresh_sampling()
+        for round_ in transition.completed:
+            self._event(
+                logging.INFO,
+                "round_decided",
+                f"round {round_} decided and saved",
+                round_,
+                duration=time.monotonic() - started,
+            )
         self._announce(transition)
         if before.complete and before.round != self._stale_round:
             self._check_stale(before)
@@ -469,6 +491,7 @@ class Steward:
         """Publish the outcomes of the rounds that completed, then the counters."""
         for outcome in transition.outcomes:
             round_, members = outcome.round, outcome.participants
+            started = time.monotonic()
             self.board.publish(outcome)
             # The record names the membership committed (a digest, not the
             # list): a log of these is what split-brain checks compare.
@@ -480,6 +503,7 @@ class Steward:
                 run_id=self.board.run_id,
                 node=self.node,
                 round_=round_,
+                duration=time.monotonic() - started,  # publishing: roster, answers, outcome
                 participants=members,
             )
         self._publish_counters()
@@ -515,7 +539,9 @@ class Steward:
         action: str,
         message: str,
         round_: int | None = None,
+        *,
         about: _NodeDesc | None = None,
+        duration: float | None = None,
     ) -> None:
         """A record of this steward's, or ``about`` another node (named in its ``node`` field)."""
         log_event(
@@ -526,6 +552,7 @@ class Steward:
             run_id=self.board.run_id,
             node=self.node if about is None else about,
             round_=self._state.round if round_ is None else round_,
+            duration=duration,
         )
 
     def _report(self, exc: RendezvousStateError) -> None:
