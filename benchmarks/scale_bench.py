@@ -14,8 +14,9 @@ is alive: any is a false death). Ranks are checked to be exactly 0..N-1.
 
 Limits: N nodes over P processes hold about N + 2P connections to the server
 (each node its store connection; each process one presence session and one
-ticks' connection, shared by its nodes), so the bench raises the open-file limit (soft and hard, as root up to
-``/proc/sys/fs/nr_open``) for itself and the processes it starts, and, when
+ticks' connection, shared by its nodes), so the bench raises the open-file
+limit (soft, and hard as root up to ``/proc/sys/fs/nr_open``) for itself
+and the processes it starts, and, when
 the client connections to the one server address would not fit the
 ephemeral port range (``net.ipv4.ip_local_port_range``: ~28,000 ports by
 default), widens that range as root for the run
@@ -77,10 +78,12 @@ def raise_open_files(needed: int) -> str:
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError) as exc:  # raising the hard limit needs CAP_SYS_RESOURCE
-        old_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        target = min(target, old_hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, old_hard))
-        return f"open files: raised from {soft} to {target}; not above the hard limit ({exc})"
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return (
+            f"open files: {hard}, the hard limit, for the {needed} wanted "
+            f"(could not raise the hard limit: {exc})"
+        )
     return f"open files: raised from {soft} to {target} (hard limit now {hard})"
 
 
