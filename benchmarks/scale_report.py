@@ -112,6 +112,7 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
         "load (1, 5, 15 min)",
     ]
     slopes = run.data.get("slopes", {})
+    interval = run.data.get("switch_interval") or 0.005
     out = [
         "## Large rounds: 1,000 to 16,000 nodes\n",
         f"![{escape(alts[SCALE_PNG])}]({SCALE_PNG})\n",
@@ -126,6 +127,10 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
         "per node. Ranks are checked to be exactly 0..N-1; a removal record naming any node "
         "(all are alive) counts in *live nodes removed*.\n",
         markdown_table(header, rows, "lrrrrrrrrl") + "\n",
+        f"Node processes' switch interval: {interval} s (CPython's default 0.005: with "
+        "hundreds of node threads a process, every thread waiting for the GIL wakes each "
+        "interval, which the default makes most of the node processes' CPU; a real node "
+        "process has a few threads). "
         f"Fitted log-log slopes against N: {escape(str(slopes))} (1 is linear; 0 is flat). "
         f"Limits: {escape('; '.join(run.data.get('limits', [])))}. Run of {run.date}.\n",
     ]
