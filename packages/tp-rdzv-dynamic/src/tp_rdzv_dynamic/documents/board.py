@@ -88,10 +88,12 @@ class RendezvousBoard:
 
     def be_absent(self, node: _NodeDesc, token: str) -> None:
         """End ``node``'s presence in a session others stay present through: its key
-        deleted, then its departure posted, as the session's end would do."""
+        deleted, then its departure posted, as the session's end would do. Both have
+        landed when this returns (the push has no reply: a round trip follows it)."""
         with self._store_errors("ending this node's presence"):
             self.store.delete_key(self.keys.presence(node.key))
             self.store.queue_push(self.keys.mailbox, encode_message(Gone(node, token)))
+            self.store.queue_len(self.keys.mailbox)
 
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.
