@@ -147,6 +147,25 @@ def test_a_second_publication_keeps_the_first_outcome(server: TCPStore):
     assert board.publish(RoundOutcome(3, closed=True)) == first
 
 
+def test_a_round_published_again_after_a_participant_left_keeps_what_nodes_were_told(
+    server: TCPStore,
+):
+    # A steward taking office publishes the round of its state again; a
+    # participant that left since is not in it, but the nodes were told it was.
+    board = RendezvousBoard(server.clone(), "again")
+    told = completed(4)
+    board.publish(told)
+    state = RendezvousState(
+        round=3,
+        complete=True,
+        participants={node: rank for rank, node in enumerate(told.participants[:3])},
+        last_order=list(told.participants[:3]),
+    )
+    board.publish(state.outcome())
+    assert board.read_roster(3).participants == told.participants
+    assert board.read_seat(3, told.participants[3]) == Seat(3, 3, 4)
+
+
 def test_an_answer_for_another_round_is_a_state_error(server: TCPStore):
     board = RendezvousBoard(server.clone(), "odd")
     node = _NodeDesc("a", 1, 0)
