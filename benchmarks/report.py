@@ -573,6 +573,10 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     recovery = RecoveryRuns.load()
     out_dir.mkdir(parents=True, exist_ok=True)
     alts, written = recovery_report.write_plots(recovery, out_dir)
+    scale = scale_report.load()
+    if scale is not None:
+        alts[scale_report.SCALE_PNG] = scale_report.plot(scale, out_dir / scale_report.SCALE_PNG)
+        written.append(out_dir / scale_report.SCALE_PNG)
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)
@@ -586,10 +590,6 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
         if "matrix" in store.data:
             alts[MATRIX_PNG] = plot_matrix(store, out_dir / MATRIX_PNG)
             written.append(out_dir / MATRIX_PNG)
-    scale = scale_report.load()
-    if scale is not None:
-        alts[scale_report.SCALE_PNG] = scale_report.plot(scale, out_dir / scale_report.SCALE_PNG)
-        written.append(out_dir / scale_report.SCALE_PNG)
     (out_dir / PAGE).write_text(page(store, rdzv, recovery, alts))
     written.append(out_dir / PAGE)
     return written
