@@ -250,6 +250,9 @@ def run_spread(
     }
     if switch_interval is not None:
         spec["switch_interval"] = switch_interval
+    if case.victims:
+        # The kill case times departures: each dead node's own session ends, as deployed.
+        spec["session_per_node"] = True
     with start_server(impl, timeout) as server:
         requests = RequestCounts(server.host, server.port) if impl == "ours" else None
         store = StoreProcess(
@@ -414,6 +417,21 @@ class SpreadGroup:
 # -- the node process's side --------------------------------------------------------------
 
 
+def model_one_node_per_process() -> None:
+    """Give every node of this process a presence session of its own.
+
+    The nodes of a run in one process share one session (``node/shared.py``),
+    which a real deployment, one node per process, never does: there each node
+    opens its own session and pings it every keep-alive interval. A bench whose
+    figure is the store's cost per node (pings, departures) must model that.
+    """
+    from tp_rdzv_dynamic.node import shared
+
+    if not hasattr(shared, "MAX_NODES_PER_SESSION"):
+        raise RuntimeError("tp_rdzv_dynamic.node.shared no longer has MAX_NODES_PER_SESSION")
+    shared.MAX_NODES_PER_SESSION = 1
+
+
 def node_main(spec: dict[str, Any]) -> int:
     """``spec["count"]`` nodes, each on a thread and a connection of its own; obey stdin.
 
@@ -428,6 +446,8 @@ def node_main(spec: dict[str, Any]) -> int:
     threading.stack_size(256 * 1024)
     if "switch_interval" in spec:
         sys.setswitchinterval(spec["switch_interval"])
+    if spec.get("session_per_node"):
+        model_one_node_per_process()
     noted: list[Departure] = []
     watch_departures(noted.append, with_torch=spec["impl"] == "torch")
     round_records: list[dict[str, Any]] = []
