@@ -350,6 +350,10 @@ def node_main(spec: dict[str, Any]) -> int:
     threading.stack_size(256 * 1024)
     noted: list[Departure] = []
     watch_departures(noted.append, with_torch=spec["impl"] == "torch")
+    if spec.get("count_requests"):
+        from etcd_requests import count_requests
+
+        count_requests()
     handlers = [_make_handler(spec) for _ in range(spec["count"])]
     rounds = [threading.Semaphore(0) for _ in handlers]
     done: queue.Queue[tuple[float, Any, str | None]] = queue.Queue()
@@ -378,6 +382,10 @@ def node_main(spec: dict[str, Any]) -> int:
             send_message("watching")
         elif command == "changes":
             send_message("changes", nodes=len(changed))
+        elif command == "requests":
+            from etcd_requests import take_counts
+
+            send_message("requests", counts=take_counts())
         if command != "next":
             continue
         cpu = _cpu_seconds()

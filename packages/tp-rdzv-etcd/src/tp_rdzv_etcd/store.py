@@ -633,6 +633,60 @@ class EtcdStore(Store):
             if answer.get("succeeded"):
                 return value
 
+    def queue_pop_many(self, key: Data, count: int) -> list[bytes]:
+        """Up to ``count`` of the oldest values of the queue at ``key``, without waiting.
+
+        One read of the oldest ``count`` values, then their deletes,
+        ``MAX_TXN_OPS`` a transaction: a value is this pop's when its delete
+        deleted it (another popper's delete of it deletes nothing), so no
+        transaction is retried for a race. A steward draining a thousand joins
+        costs etcd one read and eight transactions, not a transaction each.
+        """
+        raw_key = as_bytes(key, "key")
+        count = int_argument(count, "count", 0)
+        if count == 0:
+            return []
+        queue = self._layout.queue(raw_key)
+        with self._lock:
+            self._batches.pop(queue, None)  # this read supersedes a pop's batch
+        answer, _ = self._read_queue(
+            raw_key, limit=count, sort_order="ASCEND", sort_target="CREATE"
+        )
+        items = [_kv(kv) for kv in answer.get("kvs", [])]
+        popped: list[bytes] = []
+        for start in range(0, len(items), MAX_TXN_OPS):
+            popped += [
+                value for _, _, value in self._delete_items(items[start : start + MAX_TXN_OPS])
+            ]
+        return popped
+
+    def _delete_items(self, items: Sequence[_Item]) -> list[_Item]:
+        """Those of ``items`` (queued values) that this call's deletes removed, in order.
+
+        When the answer is lost, the items found gone count as deleted here
+        (as for ``queue_pop``: another popper in that instant is the only
+        way a value is then delivered twice); the others are deleted again.
+        """
+        deletes = [{"request_delete_range": {"key": b64(key)}} for key, _, _ in items]
+        try:
+            answer = self._txn([], deletes, retry_ambiguous=False)
+        except AmbiguousResultError:
+            reads = [{"request_range": {"key": b64(key), "keys_only": True}} for key, _, _ in items]
+            responses = self._txn([], reads).get("responses", [])
+            left = [
+                item
+                for item, response in zip(items, responses, strict=True)
+                if response.get("response_range", {}).get("kvs")
+            ]
+            deleted = set(self._delete_items(left)) if left else set()
+            return [item for item in items if item not in left or item in deleted]
+        responses = answer.get("responses", [])
+        return [
+            item
+            for item, response in zip(items, responses, strict=True)
+            if int(response.get("response_delete_range", {}).get("deleted", 0)) > 0
+        ]
+
     def _oldest(self, raw_key: bytes) -> tuple[_Item | None, int]:
         """The oldest value of the queue of ``raw_key`` not known to be popped, and the
         revision read.

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The spread round on etcd: N nodes over P processes, every node its own handler and
+``EtcdStore``, ``min_nodes = max_nodes = N``, default settings (``spread.py``).
+
+For each ``N:P`` case the bench starts a fresh etcd (``--members 1``, or 3 on
+loopback), runs one round, checks ranks 0..N-1, and reports the time from the
+start signal to the last node's return, etcd's requests in the round by gRPC
+method (the members' ``grpc_server_handled_total``, every member summed) and
+per node, the nodes' requests by method and key family (counted in the node
+processes, :mod:`etcd_requests`), and the members' CPU seconds (per node).
+With ``--kill-leader S`` the leader is killed S seconds into the round (three
+members); the round must still complete with every node.
+
+    python benchmarks/etcd_round.py --cases 128:4,1000:8,2000:8,4000:16
+    python benchmarks/etcd_round.py --cases 1000:8 --members 3 --kill-leader 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hostinfo import host_info, load_average, versions
+from metrics import write_results
+from spread import (
+    ROUND_CONFIG,
+    SpreadCase,
+    SpreadGroup,
+    StoreProcess,
+    process_cpu_seconds,
+    split,
+)
+
+from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "etcd_round.json"
+_HANDLED = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M)
+
+
+def handled(cluster: LocalEtcd) -> dict[str, int]:
+    """Requests the live members have handled so far, by gRPC method (all members summed)."""
+    counts: dict[str, int] = {}
+    for member in cluster.members:
+        if not member.alive():
+            continue
+        try:
+            with urllib.request.urlopen(member.client_url + "/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            continue
+        for method, value in _HANDLED.findall(text):
+            counts[method] = counts.get(method, 0) + int(float(value))
+    return counts
+
+
+def members_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # killed: its CPU until then is lost to the count
+            total += process_cpu_seconds(pid)
+    return total
+
+
+def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[str, Any]:
+    spec = {
+        "impl": "ours",
+        "run_id": f"bench-etcd-{case.nodes}-{uuid.uuid4().hex[:8]}",
+        "min_nodes": case.nodes,
+        "max_nodes": case.nodes,
+        "config": ROUND_CONFIG,
+        "timeout": args.timeout,
+        "count_requests": True,
+    }
+    with LocalEtcd(args.members, binary=binary) as cluster:
+        pids = [member.pid for member in cluster.members if member.pid is not None]
+        group = SpreadGroup(
+            StoreProcess(cluster.endpoints, pids[0], store="etcd"), args.timeout, None
+        )
+        try:
+            for count in split(case.nodes, case.processes):
+                group.start(spec | {"count": count})
+            group.collect("ready", group.slots, max(args.timeout, 120))
+            for node in group.nodes:
+                node.tell("requests")  # set-up's requests are not the round's
+            group.collect("requests", group.slots, args.timeout)
+            before, cpu = handled(cluster), members_cpu(pids)
+            killed: dict[str, Any] = {}
+            if args.kill_leader is not None:
+                timer = threading.Timer(args.kill_leader, _kill_leader, (cluster, killed))
+                timer.start()
+            result = group.first_round(case.nodes)
+            cpu = members_cpu(pids) - cpu
+            after = handled(cluster)
+            for node in group.nodes:
+                node.tell("requests")
+            reported = group.collect("requests", group.slots, args.timeout)
+        finally:
+            group.stop()
+    methods = {
+        m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) > before.get(m, 0)
+    }
+    families: dict[str, int] = {}
+    for message in reported.values():
+        for name, count in message["counts"].items():
+            families[name] = families.get(name, 0) + count
+    total = sum(methods.values())
+    return {
+        "nodes": case.nodes,
+        "processes": case.processes,
+        "members": args.members,
+        "round": result.to_json() | {"returns": None, "server_cpu": None},
+        "seconds": round(result.last, 3),
+        "etcd_cpu": round(cpu, 3),
+        "etcd_cpu_ms_per_node": round(1000 * cpu / case.nodes, 3),
+        "requests": methods,
+        "requests_per_node": round(total / case.nodes, 2),
+        "client_requests": dict(sorted(families.items(), key=lambda item: -item[1])),
+        "killed_leader": killed or None,
+        "load": load_average(),
+    }
+
+
+def _kill_leader(cluster: LocalEtcd, killed: dict[str, Any]) -> None:
+    leader = cluster.leader()
+    leader.kill()
+    killed.update(member=leader.name, at=time.monotonic())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="128:4,1000:8", help="N:P,... (default 128:4,1000:8)")
+    parser.add_argument("--members", type=int, default=1)
+    parser.add_argument(
+        "--kill-leader", type=float, help="kill the leader this many s into the round"
+    )
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--etcd-binary", help="default: $TP_ETCD_BINARY, etcd on PATH, ...")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    binary = find_etcd(args.etcd_binary)
+    if binary is None:
+        sys.exit("no etcd binary (--etcd-binary)")
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    runs = []
+    for text in args.cases.split(","):
+        case = SpreadCase.parse(text)
+        try:
+            run = run_case(case, args, binary)
+        except (RuntimeError, TimeoutError) as exc:
+            run = {"nodes": case.nodes, "processes": case.processes, "error": str(exc)[:2000]}
+        print(run, flush=True)
+        runs.append(run)
+    write_results(
+        args.out,
+        {
+            "benchmark": "etcd_round",
+            "date": date,
+            "host": host_info() | {"load_average_at_end": load_average()},
+            "versions": versions(["ours"]) | {"etcd": etcd_version(binary)},
+            "config": {
+                "members": args.members,
+                "kill_leader": args.kill_leader,
+                "settings": ROUND_CONFIG,
+            },
+            "runs": runs,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
