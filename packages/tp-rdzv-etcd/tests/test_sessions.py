@@ -38,11 +38,17 @@ pytestmark = pytest.mark.etcd
 ETCD_MIN_TTL = 2
 
 
-@pytest.fixture(params=["etcd-1", "etcd-3", "prefix-etcd-1"])
+@pytest.fixture(params=["etcd-1", "etcd-3", "prefix-etcd-1", "gateway-etcd-1"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     cluster = request.getfixturevalue("etcd3" if request.param == "etcd-3" else "etcd1")
+    # Keep-alives on the process's gRPC stream by default; through the gateway as well.
+    transport = "gateway" if request.param.startswith("gateway") else "auto"
     opener: Callable[[], Store] = functools.partial(
-        EtcdStore, cluster.endpoints, f"/sessions/{uuid.uuid4().hex}/", timeout=TIMEOUT
+        EtcdStore,
+        cluster.endpoints,
+        f"/sessions/{uuid.uuid4().hex}/",
+        timeout=TIMEOUT,
+        lease_transport=transport,
     )
     if request.param.startswith("prefix"):
         etcd_opener = opener
@@ -53,7 +59,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 
 class TestEtcdSessions(StoreSessionContract):
-    """The store-session contract on etcd (one and three members), also under a PrefixStore."""
+    """The store-session contract on etcd (one and three members), also under a
+    PrefixStore, and with keep-alives through the JSON gateway."""
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@
 - ``open_session`` grants a lease whose TTL is the session's timeout (whole
   seconds, at least etcd's minimum); ``keep_alive`` renews it through
   ``LeaseKeepAlive``, which the leader serves from memory: nothing is written
-  to etcd's log (yet etcd's CPU per keep-alive is most of a small write's:
-  the request's cost, see ``benchmarks/etcd_sessions.py``).
+  to etcd's log. Through the JSON gateway each keep-alive is a gRPC stream
+  opened inside etcd, about 0.7 ms of its CPU; so by default the sessions of
+  a process send theirs on one gRPC stream (:mod:`.lease_stream`), about half
+  that (``benchmarks/etcd_sessions.py``).
 - ``set`` and ``compare_set`` attach what they write to the lease; a later
   write through another session re-attaches the key to that one, a plain
   write or a delete detaches it (etcd's own rules for a put's lease).
@@ -35,6 +37,7 @@ from tp_store.protocol import Limits
 
 from .gateway import Json, LeaseNotFoundError
 from .layout import b64
+from .lease_stream import KeepAliveFailed, LeaseKeeper
 from .wills import Will, push_own
 
 if TYPE_CHECKING:
@@ -156,23 +159,48 @@ class EtcdSession(StoreSession):
         self._check_open()
         sent = time.monotonic()
         deadline = sent + min(self.timeout, self._store.timeout.total_seconds())
-        body = {"ID": str(self.lease)}
+        keeper = self._store._lease_keeper
         while True:
-            # A keep-alive is a stream: its answer is {"result": ...} or {"error": ...}.
-            answer = self._store._gateway.call("/v3/lease/keepalive", body, deadline)
-            result = answer.get("result")
-            if isinstance(result, dict):
-                if int(result.get("TTL", 0)) <= 0:  # etcd leaves out a TTL of 0
+            if keeper is not None:
+                ttl, error = self._keep_alive_on_stream(keeper, deadline)
+            else:
+                ttl, error = self._keep_alive_through_gateway(deadline)
+            if ttl is not None:
+                if ttl <= 0:
                     raise self._expired()
                 self._renewed = sent
                 return
-            error = answer.get("error")
-            code = error.get("grpc_code") if isinstance(error, dict) else None
-            if code not in _TRANSIENT_CODES:
-                raise StoreError(f"etcd answered a keep-alive of lease {self.lease:x}: {answer}")
             if time.monotonic() + _RETRY_PAUSE >= deadline:
                 raise self._unreachable(f"no leader renewed it ({error})")
-            time.sleep(_RETRY_PAUSE)  # an election is under way
+            time.sleep(_RETRY_PAUSE)  # an election is under way, or a member died
+
+    def _keep_alive_on_stream(
+        self, keeper: LeaseKeeper, deadline: float
+    ) -> tuple[int | None, object]:
+        """One keep-alive on the process's gRPC stream: ``(TTL, None)``, or
+        ``(None, why)`` when it may work on a retry."""
+        try:
+            return keeper.keep_alive(self.lease, max(deadline - time.monotonic(), 0.001)), None
+        except KeepAliveFailed as exc:
+            if exc.code not in _TRANSIENT_CODES:
+                raise StoreError(
+                    f"etcd refused a keep-alive of lease {self.lease:x}: {exc}"
+                ) from exc
+            return None, exc
+
+    def _keep_alive_through_gateway(self, deadline: float) -> tuple[int | None, object]:
+        """One keep-alive through the JSON gateway, as :meth:`_keep_alive_on_stream`."""
+        body = {"ID": str(self.lease)}
+        # A keep-alive is a stream: its answer is {"result": ...} or {"error": ...}.
+        answer = self._store._gateway.call("/v3/lease/keepalive", body, deadline)
+        result = answer.get("result")
+        if isinstance(result, dict):
+            return int(result.get("TTL", 0)), None  # etcd leaves out a TTL of 0
+        error = answer.get("error")
+        code = error.get("grpc_code") if isinstance(error, dict) else None
+        if code not in _TRANSIENT_CODES:
+            raise StoreError(f"etcd answered a keep-alive of lease {self.lease:x}: {answer}")
+        return None, error
 
     def close(self) -> None:
         """Revoke the lease (deleting its keys), then push the wills. Idempotent.

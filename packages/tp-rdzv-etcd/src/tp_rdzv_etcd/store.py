@@ -57,14 +57,18 @@ from tp_store.semantics import (
 )
 from tp_store.sessions.base import session_timeout_seconds
 
+from . import lease_stream
 from .endpoints import Endpoint, parse_endpoints
 from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .layout import KeyLayout, b64, range_end, unb64
+from .lease_stream import LeaseKeeper, keeper
 from .session import EtcdSession
 from .wills import any_due, count_requests, push_due, wakes
 
 log = logging.getLogger(__name__)
 
+#: The values of ``EtcdStore(lease_transport=...)``.
+LEASE_TRANSPORTS = ("auto", "grpc", "gateway")
 #: etcd's default limit of operations in one transaction (``--max-txn-ops``).
 MAX_TXN_OPS = 128
 #: How many of a queue's oldest values one read fetches for the pops that follow.
@@ -119,6 +123,21 @@ def _unchanged_since(key: bytes, mod_revision: int) -> Json:
     return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
 
 
+def _grpc_leases(transport: str, *, with_user: bool) -> bool:
+    """Whether keep-alives go on a gRPC stream, for ``lease_transport=transport``."""
+    if transport not in LEASE_TRANSPORTS:
+        raise ValueError(
+            f"lease_transport must be one of {', '.join(LEASE_TRANSPORTS)}, got {transport!r}"
+        )
+    if transport == "grpc" and not lease_stream.available():
+        raise ValueError("lease_transport grpc needs grpcio (pip install grpcio)")
+    if transport == "grpc" and with_user:
+        raise ValueError("lease_transport grpc cannot authenticate: etcd users need 'gateway'")
+    return transport == "grpc" or (
+        transport == "auto" and lease_stream.available() and not with_user
+    )
+
+
 class EtcdStore(Store):
     """A store whose data lives in an etcd cluster (v3 API, etcd 3.4 or later).
 
@@ -140,13 +159,19 @@ class EtcdStore(Store):
         password: that user's password.
         attempt_timeout: the most one request to one member may take before
             the next member is asked.
+        lease_transport: how sessions' keep-alives travel: ``grpc`` (one gRPC
+            stream per process and cluster, :mod:`.lease_stream`), ``gateway``
+            (a JSON request each, where gRPC is blocked), or ``auto``, the
+            default: ``grpc`` unless ``grpcio`` is missing or ``user`` is set
+            (etcd authentication goes through the gateway only).
 
     A ``password`` for an ``http`` member travels in clear text: the store
     logs a WARNING saying so, once (its clones do not repeat it).
 
     Raises:
-        ValueError: malformed endpoints, an empty prefix, a lone ``cert``/``key``
-            or a ``user`` without ``password``.
+        ValueError: malformed endpoints, an empty prefix, a lone ``cert``/``key``,
+            a ``user`` without ``password``, an unknown ``lease_transport``, or
+            ``grpc`` without ``grpcio`` or with a ``user``.
     """
 
     def __init__(
@@ -162,6 +187,7 @@ class EtcdStore(Store):
         user: str | None = None,
         password: str | None = None,
         attempt_timeout: float = 10.0,
+        lease_transport: str = "auto",
     ) -> None:
         super().__init__(timeout)
         self._endpoints: tuple[Endpoint, ...] = parse_endpoints(endpoints, protocol)
@@ -174,6 +200,7 @@ class EtcdStore(Store):
             raise ValueError("an EtcdStore user needs a password (and a password a user)")
         if not attempt_timeout > 0:
             raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout!r}")
+        self._grpc_leases = _grpc_leases(lease_transport, with_user=user is not None)
         # What _connect needs for every handle (a clone's too).
         self._options: dict[str, Any] = {
             "cacert": cacert,
@@ -210,6 +237,14 @@ class EtcdStore(Store):
         self._seen: dict[bytes, tuple[int, bytes | None]] = {}
         # The oldest values of each queue, fetched in one read, popped in order.
         self._batches: dict[bytes, collections.deque[_Item]] = {}
+
+    @property
+    def _lease_keeper(self) -> LeaseKeeper | None:
+        """This process's gRPC keep-alive stream to the cluster; ``None``: the gateway."""
+        if not self._grpc_leases:
+            return None
+        options = self._options
+        return keeper(self._endpoints, TlsFiles(options["cacert"], options["cert"], options["key"]))
 
     @property
     def endpoints(self) -> tuple[str, ...]:

@@ -1,0 +1,119 @@
+"""Keep-alives on one gRPC stream per process (``tp_rdzv_etcd.lease_stream``)."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tp_rdzv_etcd import EtcdSession, EtcdStore
+from tp_rdzv_etcd.lease_stream import decode_response, encode_request
+from tp_rdzv_etcd.local import LocalEtcd
+from tp_store import SessionExpiredError
+
+
+def _response(lease: int, ttl: int, header: bytes = b"\x08\x01\x10\x02") -> bytes:
+    """A LeaseKeepAliveResponse as etcd encodes one (header, ID, TTL)."""
+    fields = b"\x0a" + bytes([len(header)]) + header
+    if lease:
+        fields += encode_request(lease).replace(b"\x08", b"\x10", 1)
+    if ttl:
+        fields += b"\x18" + encode_request(ttl)[1:]
+    return fields
+
+
+@given(st.integers(1, 2**63 - 1), st.integers(0, 2**31))
+def test_answers_decode_to_the_lease_and_its_ttl(lease: int, ttl: int) -> None:
+    assert decode_response(_response(lease, ttl)) == (lease, ttl)
+
+
+def test_a_ttl_of_zero_is_left_out_and_reads_as_gone() -> None:
+    assert decode_response(_response(0x1234, 0)) == (0x1234, 0)
+
+
+@given(st.binary(max_size=64))
+def test_any_bytes_decode_or_raise_value_error(data: bytes) -> None:
+    try:
+        lease, ttl = decode_response(data)
+    except ValueError:
+        return
+    assert -(2**63) <= lease < 2**63
+    assert -(2**63) <= ttl < 2**63
+
+
+def test_truncated_answers_are_value_errors() -> None:
+    whole = _response(2**40, 15)
+    for end in range(1, len(whole)):
+        if end in (6, len(whole) - 2):
+            continue  # these cuts fall between fields: a shorter valid message
+        with pytest.raises(ValueError, match="truncated"):
+            decode_response(whole[:end])
+
+
+def test_bad_lease_transports_are_refused() -> None:
+    with pytest.raises(ValueError, match="lease_transport must be one of auto, grpc, gateway"):
+        EtcdStore("127.0.0.1:1", lease_transport="udp")
+    with pytest.raises(ValueError, match="etcd users need 'gateway'"):
+        EtcdStore("127.0.0.1:1", user="u", password="p", lease_transport="grpc")
+
+
+_STARTED = re.compile(
+    r'^grpc_server_started_total\{[^}]*grpc_method="LeaseKeepAlive"[^}]*\} (\S+)$', re.M
+)
+
+
+def _keep_alive_streams(member_url: str) -> int:
+    """How many LeaseKeepAlive streams the member has seen opened."""
+    with urllib.request.urlopen(member_url + "/metrics", timeout=10) as answer:
+        return sum(int(float(n)) for n in _STARTED.findall(answer.read().decode()))
+
+
+@pytest.mark.etcd
+@pytest.mark.parametrize(
+    ("transport", "streams"), [("auto", lambda n: 1), ("gateway", lambda n: n)]
+)
+def test_sessions_of_a_process_share_one_stream(
+    etcd_binary: str, transport: str, streams: Callable[[int], int]
+) -> None:
+    # A cluster of its own: nothing else opens streams on it.
+    with LocalEtcd(binary=etcd_binary) as etcd:
+        store = EtcdStore(etcd.endpoints, f"/ka/{uuid.uuid4().hex}/", lease_transport=transport)
+        sessions = [store.open_session(30) for _ in range(5)]
+        before = _keep_alive_streams(etcd.members[0].client_url)
+        for _ in range(3):
+            for session in sessions:
+                session.keep_alive()
+        opened = _keep_alive_streams(etcd.members[0].client_url) - before
+        for session in sessions:
+            session.close()
+        store.close()
+    assert opened == streams(15)
+
+
+@pytest.mark.etcd
+def test_keep_alives_move_to_a_live_member_when_theirs_dies(
+    make_cluster: Callable[[int], LocalEtcd],
+) -> None:
+    cluster = make_cluster(3)
+    store = EtcdStore(cluster.endpoints, f"/ka/{uuid.uuid4().hex}/", timeout=30)
+    session = store.open_session(30)
+    assert isinstance(session, EtcdSession)
+    session.set("present/a", "token")
+    session.keep_alive()
+    keeper = store._lease_keeper
+    assert keeper is not None
+    serving = keeper._current().endpoint  # the member the stream is on
+    (member,) = [m for m in cluster.members if m.client_url == serving.url]
+    member.kill()
+    session.keep_alive()  # on another member, once a leader is elected
+    assert keeper._current().endpoint != serving
+    assert store.get("present/a") == b"token"
+    session.close()
+    with pytest.raises(SessionExpiredError):
+        session.keep_alive()
+    store.close()
