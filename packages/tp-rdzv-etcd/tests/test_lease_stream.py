@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -83,7 +84,8 @@ def test_sessions_of_a_process_share_one_stream(
     # A cluster of its own: nothing else opens streams on it.
     with LocalEtcd(binary=etcd_binary) as etcd:
         store = EtcdStore(etcd.endpoints, f"/ka/{uuid.uuid4().hex}/", lease_transport=transport)
-        sessions = [store.open_session(30) for _ in range(5)]
+        # TTLs this short: every keep-alive waits for its answer (none in a burst).
+        sessions = [store.open_session(4) for _ in range(5)]
         before = _keep_alive_streams(etcd.members[0].client_url)
         for _ in range(3):
             for session in sessions:
@@ -116,4 +118,43 @@ def test_keep_alives_move_to_a_live_member_when_theirs_dies(
     session.close()
     with pytest.raises(SessionExpiredError):
         session.keep_alive()
+    store.close()
+
+
+def _await(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Wait for ``condition`` (an answer a reader thread applies), within a generous bound."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.etcd
+def test_a_recent_sessions_keep_alive_goes_in_a_burst_and_renews_it(etcd1: LocalEtcd) -> None:
+    store = EtcdStore(etcd1.endpoints, f"/ka/{uuid.uuid4().hex}/", timeout=30)
+    session = store.open_session(30)
+    assert isinstance(session, EtcdSession)
+    granted = session._renewed
+    session.keep_alive()  # returns before its answer: renewed within COALESCE or so
+    _await(lambda: session._renewed > granted, "renewal")
+    assert not session.ended
+    session.close()
+    store.close()
+
+
+@pytest.mark.etcd
+def test_a_burst_keep_alive_that_finds_the_lease_gone_ends_the_session(etcd1: LocalEtcd) -> None:
+    store = EtcdStore(etcd1.endpoints, f"/ka/{uuid.uuid4().hex}/", timeout=30)
+    session = store.open_session(30)
+    assert isinstance(session, EtcdSession)
+    session.set("present/a", "token")
+    store._call("/v3/lease/revoke", {"ID": str(session.lease)})  # as etcd does at expiry
+    session.keep_alive()  # unawaited: the answer (TTL 0) comes later
+    _await(lambda: session.ended, "end of the session")
+    with pytest.raises(SessionExpiredError, match="expired"):
+        session.keep_alive()
+    with pytest.raises(SessionExpiredError):
+        session.set("present/a", "again")
+    assert not store.check(["present/a"])
+    session.close()
     store.close()

@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ _METHOD = "/etcdserverpb.Lease/LeaseKeepAlive"
 _METADATA = (("hasleader", "true"),)
 #: gRPC UNAVAILABLE: what a keep-alive reports when its stream broke.
 UNAVAILABLE = 14
+#: Seconds during which keep-alives that nobody waits for gather into one burst.
+COALESCE = 0.5
 
 
 def available() -> bool:
@@ -112,11 +115,22 @@ class KeepAliveFailed(Exception):
         self.code = code
 
 
+#: Called with the TTL a keep-alive's answer gave, or the failure that lost it.
+Outcome = Callable[[int | None, "KeepAliveFailed | None"], None]
+
+
 @dataclass
 class _Waiter:
     done: threading.Event
+    then: Outcome | None = None  # for a keep-alive nobody waits for
     ttl: int | None = None
     error: KeepAliveFailed | None = None
+
+    def settle(self, ttl: int | None, error: KeepAliveFailed | None) -> None:
+        self.ttl, self.error = ttl, error
+        self.done.set()
+        if self.then is not None:
+            self.then(ttl, error)
 
 
 class _Stream:
@@ -145,16 +159,19 @@ class _Stream:
                 return
             yield request
 
-    def send(self, lease: int) -> _Waiter:
-        waiter = _Waiter(threading.Event())
+    def send(self, leases: Sequence[tuple[int, _Waiter]]) -> None:
+        """Send a keep-alive of each lease; its waiter settles with the answer."""
         with self._lock:
-            if self._broken is not None:
-                waiter.error = self._broken
-                waiter.done.set()
-                return waiter
-            self._waiting.setdefault(lease, []).append(waiter)
-        self._requests.put(encode_request(lease))
-        return waiter
+            broken = self._broken
+            if broken is None:
+                for lease, waiter in leases:
+                    self._waiting.setdefault(lease, []).append(waiter)
+        if broken is not None:
+            for _, waiter in leases:
+                waiter.settle(None, broken)
+            return
+        for lease, _ in leases:
+            self._requests.put(encode_request(lease))
 
     def _read(self) -> None:
         failure = KeepAliveFailed(f"etcd {self.endpoint}: the keep-alive stream ended", UNAVAILABLE)
@@ -164,8 +181,7 @@ class _Stream:
                 with self._lock:
                     waiters = self._waiting.pop(lease, [])
                 for waiter in waiters:
-                    waiter.ttl = ttl
-                    waiter.done.set()
+                    waiter.settle(ttl, None)
         except ValueError as exc:
             failure = KeepAliveFailed(f"etcd {self.endpoint}: {exc}", UNAVAILABLE)
         except Exception as exc:  # grpc.RpcError: the stream broke
@@ -189,8 +205,7 @@ class _Stream:
         self._channel.close()
         for waiters in waiting.values():
             for waiter in waiters:
-                waiter.error = failure
-                waiter.done.set()
+                waiter.settle(None, failure)
         self._on_end(self)
 
     @property
@@ -199,7 +214,13 @@ class _Stream:
 
 
 class LeaseKeeper:
-    """Keep-alives of any number of leases of one cluster, on one stream at a time."""
+    """Keep-alives of any number of leases of one cluster, on one stream at a time.
+
+    :meth:`keep_alive` waits for its answer. :meth:`renew_soon` does not: its
+    keep-alive joins those asked for in the same :data:`COALESCE` seconds,
+    sent together. etcd spends about half the CPU per keep-alive on a burst
+    that it does on keep-alives one by one (each then wakes it alone).
+    """
 
     def __init__(self, endpoints: Sequence[Endpoint], tls: TlsFiles) -> None:
         self.endpoints = tuple(endpoints)
@@ -207,6 +228,9 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
         self._next = 0  # the member the next stream goes to
+        self._soon: list[tuple[int, _Waiter]] = []  # keep-alives for the next burst
+        self._burst_due = threading.Condition(self._lock)
+        self._flusher: threading.Thread | None = None
 
     def keep_alive(self, lease: int, timeout: float) -> int:
         """Renew ``lease``; the TTL it has left (0: it is gone).
@@ -215,7 +239,8 @@ class LeaseKeeper:
             KeepAliveFailed: no answer within ``timeout`` seconds, or the stream broke.
         """
         stream = self._current()
-        waiter = stream.send(lease)
+        waiter = _Waiter(threading.Event())
+        stream.send([(lease, waiter)])
         if not waiter.done.wait(timeout):
             # A member that stopped answering: this stream is done with.
             stream.close(KeepAliveFailed(f"etcd {stream.endpoint}: no keep-alive answer", 4))
@@ -223,6 +248,34 @@ class LeaseKeeper:
             raise waiter.error
         assert waiter.ttl is not None
         return waiter.ttl
+
+    def renew_soon(self, lease: int, then: Outcome) -> None:
+        """Renew ``lease`` within :data:`COALESCE` seconds; ``then(ttl, error)`` gets the answer."""
+        with self._lock:
+            self._soon.append((lease, _Waiter(threading.Event(), then)))
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush, name="tp-etcd-keepalive-bursts", daemon=True
+                )
+                self._flusher.start()
+            self._burst_due.notify()
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                while not self._soon:
+                    self._burst_due.wait()
+            time.sleep(COALESCE)  # gather the burst: keep-alives have seconds to spare
+            with self._lock:
+                burst, self._soon = self._soon, []
+            try:
+                stream = self._current()
+            except Exception as exc:  # a channel that cannot even be made
+                failure = KeepAliveFailed(f"etcd: no keep-alive stream: {exc}", UNAVAILABLE)
+                for _, waiter in burst:
+                    waiter.settle(None, failure)
+                continue
+            stream.send(burst)
 
     def _current(self) -> _Stream:
         with self._lock:

@@ -24,6 +24,7 @@ since the last renewal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -37,7 +38,7 @@ from tp_store.protocol import Limits
 
 from .gateway import Json, LeaseNotFoundError
 from .layout import b64
-from .lease_stream import KeepAliveFailed, LeaseKeeper
+from .lease_stream import COALESCE, KeepAliveFailed, LeaseKeeper
 from .wills import Will, push_own
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 #: gRPC codes of a keep-alive stream's error that mean "not now": no leader yet.
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 _RETRY_PAUSE = 0.05
+#: The shortest TTL whose keep-alives may go unawaited in a burst (see ``_may_renew_soon``).
+_MIN_TTL_RENEWED_SOON = 10 * COALESCE
 
 
 class EtcdSession(StoreSession):
@@ -66,6 +69,7 @@ class EtcdSession(StoreSession):
         self._numbered = 0  # wills numbered so far (a failed add_will uses up its number)
         self._max_wills = Limits().max_session_wills
         self._ended = False
+        self._lease_gone = False  # an unawaited keep-alive's answer said so
         self._renewed = time.monotonic()
 
     @classmethod
@@ -91,7 +95,7 @@ class EtcdSession(StoreSession):
     @property
     def ended(self) -> bool:
         """Whether the lease is known, here, to be gone (closed, or found expired)."""
-        return self._ended
+        return self._ended or self._lease_gone
 
     def set(self, key: Data, value: Data) -> None:
         """Put ``value`` under ``key``, attached to this session's lease."""
@@ -152,14 +156,22 @@ class EtcdSession(StoreSession):
     def keep_alive(self) -> None:
         """Renew the lease (``LeaseKeepAlive``: not written to etcd's log).
 
+        On the gRPC stream, while the last renewal is recent, the keep-alive
+        goes with the process's next burst and this returns at once; an answer
+        that the lease is gone then ends the session at its next use.
+
         Raises:
-            SessionExpiredError: the lease is gone (expired, or closed).
+            SessionExpiredError: the lease is gone (expired, or closed), found
+                by this keep-alive or by the answer to an earlier one.
             StoreConnectionError: no member renewed it for a TTL's time.
         """
         self._check_open()
         sent = time.monotonic()
-        deadline = sent + min(self.timeout, self._store.timeout.total_seconds())
         keeper = self._store._lease_keeper
+        if keeper is not None and self._may_renew_soon(sent):
+            keeper.renew_soon(self.lease, functools.partial(self._answered, sent))
+            return
+        deadline = sent + min(self.timeout, self._store.timeout.total_seconds())
         while True:
             if keeper is not None:
                 ttl, error = self._keep_alive_on_stream(keeper, deadline)
@@ -173,6 +185,30 @@ class EtcdSession(StoreSession):
             if time.monotonic() + _RETRY_PAUSE >= deadline:
                 raise self._unreachable(f"no leader renewed it ({error})")
             time.sleep(_RETRY_PAUSE)  # an election is under way, or a member died
+
+    def _may_renew_soon(self, now: float) -> bool:
+        """Whether a keep-alive may go with the process's next burst, unawaited.
+
+        Only while the last renewal is recent (within half the TTL: the burst
+        leaves the lease most of it) and the TTL is long beside the burst's
+        gathering time. Otherwise the caller waits for the answer, so one
+        resumed after a long pause learns at once that its lease is gone.
+        """
+        return self.timeout >= _MIN_TTL_RENEWED_SOON and now - self._renewed < self.timeout / 2
+
+    def _answered(self, sent: float, ttl: int | None, error: object) -> None:
+        """The answer to a keep-alive sent at ``sent`` that nobody waited for.
+
+        A lost answer changes nothing: the next keep-alive then waits for its own.
+        """
+        if ttl is None:
+            log.debug("a keep-alive of etcd lease %x got no answer: %s", self.lease, error)
+        elif ttl > 0:
+            with self._lock:
+                self._renewed = max(self._renewed, sent)
+        else:
+            with self._lock:
+                self._lease_gone = True  # the next use raises SessionExpiredError
 
     def _keep_alive_on_stream(
         self, keeper: LeaseKeeper, deadline: float
@@ -237,6 +273,8 @@ class EtcdSession(StoreSession):
     def _check_open(self) -> None:
         if self._ended:
             raise self._error("has ended")
+        if self._lease_gone:
+            raise self._expired()
 
     def _expired(self) -> SessionExpiredError:
         """The lease is gone: the session has ended (its wills are pushed by readers)."""
