@@ -5,8 +5,9 @@
 For each ``N:P`` case the bench starts a fresh etcd (``--members 1``, or 3 on
 loopback), runs one round, checks ranks 0..N-1, and reports the time from the
 start signal to the last node's return, etcd's requests in the round by gRPC
-method (the members' ``grpc_server_handled_total``, every member summed) and
-per node, the nodes' requests by method and key family (counted in the node
+method (the messages the members received, ``grpc_server_msg_received_total``,
+every member summed: each keep-alive on a stream counts, as each watch request
+does) and per node, the nodes' requests by method and key family (counted in the node
 processes, :mod:`etcd_requests`), and the members' CPU seconds (per node).
 With ``--kill-leader S`` the leader is killed S seconds into the round (three
 members); the round must still complete with every node.
@@ -44,11 +45,15 @@ from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "etcd_round.json"
-_HANDLED = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M)
+# Messages, not calls: a stream's keep-alives each count (a call counts once, at its end).
+_RECEIVED = re.compile(
+    r'^grpc_server_msg_received_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M
+)
 
 
-def handled(cluster: LocalEtcd) -> dict[str, int]:
-    """Requests the live members have handled so far, by gRPC method (all members summed)."""
+def received(cluster: LocalEtcd) -> dict[str, int]:
+    """Requests the live members have received so far, by gRPC method (all members summed):
+    unary calls, keep-alives and watch requests alike."""
     counts: dict[str, int] = {}
     for member in cluster.members:
         if not member.alive():
@@ -58,7 +63,7 @@ def handled(cluster: LocalEtcd) -> dict[str, int]:
                 text = answer.read().decode()
         except OSError:
             continue
-        for method, value in _HANDLED.findall(text):
+        for method, value in _RECEIVED.findall(text):
             counts[method] = counts.get(method, 0) + int(float(value))
     return counts
 
@@ -93,14 +98,14 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
             for node in group.nodes:
                 node.tell("requests")  # set-up's requests are not the round's
             group.collect("requests", group.slots, args.timeout)
-            before, cpu = handled(cluster), members_cpu(pids)
+            before, cpu = received(cluster), members_cpu(pids)
             killed: dict[str, Any] = {}
             if args.kill_leader is not None:
                 timer = threading.Timer(args.kill_leader, _kill_leader, (cluster, killed))
                 timer.start()
             result = group.first_round(case.nodes)
             cpu = members_cpu(pids) - cpu
-            after = handled(cluster)
+            after = received(cluster)
             for node in group.nodes:
                 node.tell("requests")
             reported = group.collect("requests", group.slots, args.timeout)
