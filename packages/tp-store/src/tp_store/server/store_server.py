@@ -74,8 +74,10 @@ log = logging.getLogger("tp_store.server")
 #: Listen backlog: a job's nodes connect at once; the kernel caps it at somaxconn.
 DEFAULT_BACKLOG = 4096
 _MAX_BACKLOG = 2**31 - 1
-#: Open connections a server accepts at most (a few per node of a big job).
-DEFAULT_MAX_CONNECTIONS = 16384
+#: Open connections a server accepts at most. A rendezvous node holds two (its
+#: store connection and its presence session's), a process of nodes one more:
+#: a 20,000-node job needs about 40,000.
+DEFAULT_MAX_CONNECTIONS = 65536
 #: Seconds a request may take to arrive whole from its first byte (the TLS
 #: handshake too): generous for an 8 MiB value on a slow link.
 DEFAULT_REQUEST_TIMEOUT = 30.0
