@@ -142,6 +142,7 @@ class _Stream:
         self._lock = threading.Lock()
         self._waiting: dict[int, list[_Waiter]] = {}
         self._broken: KeepAliveFailed | None = None
+        self.answered = 0.0  # when the last answer came (monotonic)
         self._channel = channel
         call = channel.stream_stream(
             _METHOD, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw
@@ -179,6 +180,7 @@ class _Stream:
             for raw in self._answers:
                 lease, ttl = decode_response(raw)
                 with self._lock:
+                    self.answered = time.monotonic()
                     waiters = self._waiting.pop(lease, [])
                 for waiter in waiters:
                     waiter.settle(ttl, None)
@@ -192,6 +194,15 @@ class _Stream:
             text = details() if callable(details) else str(exc)
             failure = KeepAliveFailed(f"etcd {self.endpoint}: keep-alive stream: {text}", number)
         self.close(failure)
+
+    def forget(self, lease: int, waiter: _Waiter, failure: KeepAliveFailed) -> None:
+        """Stop waiting for ``waiter``'s answer: it settles with ``failure`` (unless it came)."""
+        with self._lock:
+            waiting = self._waiting.get(lease, [])
+            if waiter not in waiting:
+                return  # answered in the meantime
+            waiting.remove(waiter)
+        waiter.settle(None, failure)
 
     def close(self, failure: KeepAliveFailed) -> None:
         """End the stream; whoever still waits gets ``failure``."""
@@ -240,10 +251,19 @@ class LeaseKeeper:
         """
         stream = self._current()
         waiter = _Waiter(threading.Event())
+        sent = time.monotonic()
         stream.send([(lease, waiter)])
         if not waiter.done.wait(timeout):
-            # A member that stopped answering: this stream is done with.
-            stream.close(KeepAliveFailed(f"etcd {stream.endpoint}: no keep-alive answer", 4))
+            late = KeepAliveFailed(f"etcd {stream.endpoint}: no keep-alive answer in time", 4)
+            if stream.answered < sent:
+                # Nothing at all came back since: a member that stopped
+                # answering. The next keep-alive goes to the next one.
+                stream.close(late)
+            else:
+                # Answers come, only slowly (a loaded member): the stream is kept.
+                stream.forget(lease, waiter, late)
+            # Settled now, or in a moment by the reader that just took its answer.
+            waiter.done.wait()
         if waiter.error is not None:
             raise waiter.error
         assert waiter.ttl is not None
