@@ -95,6 +95,7 @@ def test_credentials_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     store = create_store(_params(etcd_prefix="/jobs/"))
     assert store.prefix == b"/jobs/run/"
     assert store.endpoints == ("http://127.0.0.1:2379",)
+    assert store.endpoint == "http://127.0.0.1:2379/jobs/run/"  # what nodes share a session on
     store.close()
 
 

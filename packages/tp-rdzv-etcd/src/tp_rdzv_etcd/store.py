@@ -252,6 +252,13 @@ class EtcdStore(Store):
         return tuple(endpoint.url for endpoint in self._endpoints)
 
     @property
+    def endpoint(self) -> str:
+        """The members' URLs and the prefix, as one string: two handles with the
+        same one see the same keys (the nodes of a process share a presence
+        session on it, as on one store server)."""
+        return f"{','.join(self.endpoints)}{self.prefix.decode(errors='backslashreplace')}"
+
+    @property
     def prefix(self) -> bytes:
         """Where this store's keys live in etcd."""
         return self._layout.prefix
