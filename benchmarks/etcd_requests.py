@@ -4,7 +4,8 @@
 processes of ``spread.py`` when the bench asks for it: every unary call is
 counted as ``<path> <family>`` and every watch opened as ``watch <family>``,
 where the family is the rendezvous key it touches with the run's prefix and
-the node names taken out (``mailbox``, ``present``, ``result``, ``rcpt``...).
+the node names taken out (``mailbox``, ``present``, ``result``, ``rcpt``...;
+``bootstrap``: the round's own keys, where rank 0 publishes the workers' store).
 etcd's own counters (``grpc_server_handled_total``) give the totals; these say
 which keys they were for.
 """
@@ -37,7 +38,8 @@ def family(body: dict[str, Any]) -> str:
     raw = base64.b64decode(key)
     found = _FAMILY.search(raw)
     if found is not None:
-        return found.group(1).decode()
+        name = found.group(1).decode()
+        return "bootstrap" if name == "r" else name  # r<round>/: the round's own keys
     return "round-store" if b"%2Fr" in raw else raw[-24:].decode(errors="replace")
 
 
