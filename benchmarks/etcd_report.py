@@ -47,8 +47,8 @@ def write_plot(out_dir: Path) -> tuple[str, list[Path]]:
     sizes = [run["nodes"] for run in runs]
     panels = (
         ("round (s)", "seconds", TARGETS),
-        ("etcd requests per node", "requests_per_node", None),
-        ("etcd CPU per node (ms)", "etcd_cpu_ms_per_node", None),
+        ("etcd requests per node", "requests_per_node", TARGET_REQUESTS_PER_NODE),
+        ("etcd CPU per node (ms)", "etcd_cpu_ms_per_node", TARGET_CPU_MS_PER_NODE),
     )
     for axis, (title, field, targets) in zip(axes, panels, strict=True):
         axis.plot(sizes, [run[field] for run in runs], "o-", color=ETCD_COLOR, label="one member")
@@ -61,9 +61,14 @@ def write_plot(out_dir: Path) -> tuple[str, list[Path]]:
                 color=OURS_COLOR,
                 label="three members, leader killed",
             )
-        if targets:
+        if isinstance(targets, dict):
             axis.plot(list(targets), list(targets.values()), "k:", label="target")
+        else:
+            axis.axhline(targets, color="k", linestyle=":", label="target")
         axis.set_xscale("log")
+        axis.set_xticks(sizes, [str(size) for size in sizes])
+        axis.minorticks_off()
+        axis.set_ylim(bottom=0)
         axis.set_title(title)
         axis.set_xlabel("nodes")
         axis.grid(True, alpha=0.3)
