@@ -51,7 +51,14 @@ _RECEIVED = re.compile(
 )
 
 
-def received(cluster: LocalEtcd) -> dict[str, int]:
+class LocalEtcdView:
+    """Some members of a cluster, for :func:`received`."""
+
+    def __init__(self, members: list[Any]) -> None:
+        self.members = members
+
+
+def received(cluster: LocalEtcd | LocalEtcdView) -> dict[str, int]:
     """Requests the live members have received so far, by gRPC method (all members summed):
     unary calls, keep-alives and watch requests alike."""
     counts: dict[str, int] = {}
@@ -71,7 +78,7 @@ def received(cluster: LocalEtcd) -> dict[str, int]:
 def members_cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
-        with contextlib.suppress(OSError):  # killed: its CPU until then is lost to the count
+        with contextlib.suppress(OSError):  # killed: _kill_leader noted its CPU
             total += process_cpu_seconds(pid)
     return total
 
@@ -88,8 +95,12 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
     }
     with LocalEtcd(args.members, binary=binary) as cluster:
         pids = [member.pid for member in cluster.members if member.pid is not None]
+        # The process SpreadGroup times: one that lives through the round (a follower).
+        leader = cluster.leader()
+        lasting = next((m for m in cluster.members if m is not leader), leader).pid
+        assert lasting is not None
         group = SpreadGroup(
-            StoreProcess(cluster.endpoints, pids[0], store="etcd"), args.timeout, None
+            StoreProcess(cluster.endpoints, lasting, store="etcd"), args.timeout, None
         )
         try:
             for count in split(case.nodes, case.processes):
@@ -104,8 +115,10 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
                 timer = threading.Timer(args.kill_leader, _kill_leader, (cluster, killed))
                 timer.start()
             result = group.first_round(case.nodes)
-            cpu = members_cpu(pids) - cpu
+            cpu = members_cpu(pids) + killed.get("cpu", 0.0) - cpu
             after = received(cluster)
+            for method, count in killed.get("requests", {}).items():
+                after[method] = after.get(method, 0) + count
             for node in group.nodes:
                 node.tell("requests")
             reported = group.collect("requests", group.slots, args.timeout)
@@ -130,15 +143,19 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
         "requests": methods,
         "requests_per_node": round(total / case.nodes, 2),
         "client_requests": dict(sorted(families.items(), key=lambda item: -item[1])),
-        "killed_leader": killed or None,
+        "killed_leader": None if not killed else {"member": killed["member"]},
         "load": load_average(),
     }
 
 
 def _kill_leader(cluster: LocalEtcd, killed: dict[str, Any]) -> None:
+    """Kill the leader, noting its requests and CPU until then (they count in the round)."""
     leader = cluster.leader()
+    assert leader.pid is not None
+    requests = received(LocalEtcdView([leader]))
+    cpu = process_cpu_seconds(leader.pid)
     leader.kill()
-    killed.update(member=leader.name, at=time.monotonic())
+    killed.update(member=leader.name, at=time.monotonic(), requests=requests, cpu=cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
