@@ -1,7 +1,8 @@
 """The report's etcd section: the spread round on etcd at job scale (``etcd_round.py``).
 
-Reads ``etcd_round.json`` (one member) and ``etcd_round_kill.json`` (three
-members, the leader killed during the round) from ``benchmarks/results/``,
+Reads ``etcd_round.json`` (one member), ``etcd_round_kill.json`` (three
+members, the leader killed during the round) and ``idle_bench_etcd.json`` (an
+idle job of 1,000 nodes on etcd, ``idle_bench.py``) from ``benchmarks/results/``,
 and draws ``etcd-round.png``: the round's time, etcd's requests per node and
 its CPU per node against the node count.
 """
@@ -17,6 +18,9 @@ from report_parts import ETCD_COLOR, OURS_COLOR, markdown_table, pyplot, save
 HERE = Path(__file__).resolve().parent
 ONE_MEMBER_JSON = HERE / "results" / "etcd_round.json"
 KILL_JSON = HERE / "results" / "etcd_round_kill.json"
+#: ``idle_bench.py --only etcd --out ...``: the idle job on etcd after issue 30.
+IDLE_JSON = HERE / "results" / "idle_bench_etcd.json"
+TARGET_IDLE_MS_PER_S = 30.0
 PNG = "etcd-round.png"
 #: The issue's targets for one member: N -> seconds.
 TARGETS = {1000: 2.0, 2000: 4.0, 4000: 10.0}
@@ -143,6 +147,19 @@ def section(alt: str) -> str:
             f"the round ({kill['date']}):\n"
         )
         out.append(markdown_table(header, _rows(kill), ALIGN) + "\n")
+    idle = _load(IDLE_JSON)
+    windows = (idle or {}).get("runs", {}).get("etcd", {}).get("windows", {})
+    if windows:
+        shown = "; ".join(
+            f"{phase}: {window['server_ms_per_s']} ms/s (load {window['load'][0]:.0f})"
+            for phase, window in windows.items()
+        )
+        out.append(
+            f"An idle job ({idle['config']['nodes']} nodes over {idle['config']['processes']} "
+            f"processes after its round, `idle_bench.py --only etcd`, {idle['date']}), etcd's "
+            f"CPU per second: {shown}; target {TARGET_IDLE_MS_PER_S:g} ms/s (629 before "
+            "issue 25, 177 after it).\n"
+        )
     done = _done(one)
     if done:
         largest = max(done, key=lambda run: run["nodes"])
