@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
+import threading
 import time
 import urllib.request
 import uuid
@@ -158,3 +161,72 @@ def test_a_burst_keep_alive_that_finds_the_lease_gone_ends_the_session(etcd1: Lo
     assert not store.check(["present/a"])
     session.close()
     store.close()
+
+
+class Http1OnlyProxy:
+    """A loopback TCP proxy to ``target`` that closes every HTTP/2 connection (gRPC's)
+    at its first bytes, as a proxy that only speaks HTTP/1.1 would."""
+
+    _HTTP2_PREFACE = b"PRI * HTTP/2.0"
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.refused = 0  # HTTP/2 connections closed
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client:
+            first = client.recv(len(self._HTTP2_PREFACE), socket.MSG_WAITALL)
+            if first.startswith(b"PRI "):
+                self.refused += 1
+                return
+            with socket.create_connection(self.target) as upstream:
+                upstream.sendall(first)
+                back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+                back.start()
+                _pipe(client, upstream)
+                back.join(30)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.etcd
+def test_where_grpc_is_blocked_auto_keeps_leases_alive_through_the_gateway(
+    etcd1: LocalEtcd,
+) -> None:
+    member = etcd1.members[0]
+    proxy = Http1OnlyProxy(("127.0.0.1", member.client_port))
+    try:
+        store = EtcdStore(f"http://127.0.0.1:{proxy.port}", f"/ka/{uuid.uuid4().hex}/", timeout=30)
+        assert store._lease_keeper is not None  # auto: it tries gRPC first
+        session = store.open_session(3)  # 3 s: every keep-alive waits for its answer
+        session.set("present/a", "token")
+        deadline = time.monotonic() + 2 * session.timeout  # past the TTL
+        while time.monotonic() < deadline:
+            session.keep_alive()
+        assert proxy.refused > 0  # gRPC was tried, and blocked
+        assert not session.ended
+        assert store.get("present/a") == b"token"  # the lease outlived its TTL
+        session.close()
+        store.close()
+    finally:
+        proxy.close()

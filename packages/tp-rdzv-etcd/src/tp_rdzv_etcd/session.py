@@ -175,6 +175,10 @@ class EtcdSession(StoreSession):
         while True:
             if keeper is not None:
                 ttl, error = self._keep_alive_on_stream(keeper, deadline)
+                if ttl is None and self._store._lease_fallback:
+                    # gRPC may be blocked on the way (lease_transport auto): the
+                    # gateway renews it as well.
+                    ttl, error = self._keep_alive_through_gateway(deadline)
             else:
                 ttl, error = self._keep_alive_through_gateway(deadline)
             if ttl is not None:
@@ -215,8 +219,11 @@ class EtcdSession(StoreSession):
     ) -> tuple[int | None, object]:
         """One keep-alive on the process's gRPC stream: ``(TTL, None)``, or
         ``(None, why)`` when it may work on a retry."""
+        # A third of the TTL at most: a stream that does not answer (gRPC blocked
+        # on the way) leaves time for the gateway.
+        wait = min(deadline - time.monotonic(), self.timeout / 3)
         try:
-            return keeper.keep_alive(self.lease, max(deadline - time.monotonic(), 0.001)), None
+            return keeper.keep_alive(self.lease, max(wait, 0.001)), None
         except KeepAliveFailed as exc:
             if exc.code not in _TRANSIENT_CODES:
                 raise StoreError(

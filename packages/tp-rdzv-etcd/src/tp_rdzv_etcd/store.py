@@ -163,7 +163,8 @@ class EtcdStore(Store):
             stream per process and cluster, :mod:`.lease_stream`), ``gateway``
             (a JSON request each, where gRPC is blocked), or ``auto``, the
             default: ``grpc`` unless ``grpcio`` is missing or ``user`` is set
-            (etcd authentication goes through the gateway only).
+            (etcd authentication goes through the gateway only), and a
+            keep-alive that the stream does not deliver goes through the gateway.
 
     A ``password`` for an ``http`` member travels in clear text: the store
     logs a WARNING saying so, once (its clones do not repeat it).
@@ -201,6 +202,8 @@ class EtcdStore(Store):
         if not attempt_timeout > 0:
             raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout!r}")
         self._grpc_leases = _grpc_leases(lease_transport, with_user=user is not None)
+        # auto: a keep-alive the gRPC stream did not deliver goes through the gateway.
+        self._lease_fallback = lease_transport == "auto"
         # What _connect needs for every handle (a clone's too).
         self._options: dict[str, Any] = {
             "cacert": cacert,
