@@ -36,6 +36,7 @@ from pathlib import Path
 
 import etcd_report
 import recovery_report
+import scale_report
 from metrics import Metric
 from recovery_report import RecoveryRuns
 from report_parts import (
@@ -494,6 +495,10 @@ def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict
         )
         add(spread_table(rdzv) + "\n")
 
+    scale_section = scale_report.section(scale_report.load(), alts)
+    if scale_section:
+        add(scale_section)
+
     recovery_section = recovery_report.section(recovery, alts)
     if recovery_section:
         add(recovery_section)
@@ -577,6 +582,10 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     alts, written = recovery_report.write_plots(recovery, out_dir)
     alts[etcd_report.PNG], etcd_plots = etcd_report.write_plot(out_dir)
     written += etcd_plots
+    scale = scale_report.load()
+    if scale is not None:
+        alts[scale_report.SCALE_PNG] = scale_report.plot(scale, out_dir / scale_report.SCALE_PNG)
+        written.append(out_dir / scale_report.SCALE_PNG)
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)

@@ -14,8 +14,9 @@ is alive: any is a false death). Ranks are checked to be exactly 0..N-1.
 
 Limits: N nodes over P processes hold about N + 2P connections to the server
 (each node its store connection; each process one presence session and one
-ticks' connection, shared by its nodes), so the bench raises the open-file limit (soft and hard, as root up to
-``/proc/sys/fs/nr_open``) for itself and the processes it starts, and, when
+ticks' connection, shared by its nodes), so the bench raises the open-file
+limit (soft, and hard as root up to ``/proc/sys/fs/nr_open``) for itself
+and the processes it starts, and, when
 the client connections to the one server address would not fit the
 ephemeral port range (``net.ipv4.ip_local_port_range``: ~28,000 ports by
 default), widens that range as root for the run
@@ -77,10 +78,12 @@ def raise_open_files(needed: int) -> str:
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError) as exc:  # raising the hard limit needs CAP_SYS_RESOURCE
-        old_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        target = min(target, old_hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, old_hard))
-        return f"open files: raised from {soft} to {target}; not above the hard limit ({exc})"
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return (
+            f"open files: {hard}, the hard limit, for the {needed} wanted "
+            f"(could not raise the hard limit: {exc})"
+        )
     return f"open files: raised from {soft} to {target} (hard limit now {hard})"
 
 
@@ -136,12 +139,14 @@ def fitted_slopes(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def run_case(case: SpreadCase, timeout: float, profile: Path | None) -> dict[str, Any]:
+def run_case(
+    case: SpreadCase, timeout: float, profile: Path | None, switch_interval: float | None
+) -> dict[str, Any]:
     """One run of ``case``; an ``error`` entry instead of figures if it failed."""
     run_id = f"bench-scale-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     try:
-        result = run_spread("ours", case, timeout, run_id, profile)
+        result = run_spread("ours", case, timeout, run_id, profile, switch_interval=switch_interval)
     except (RuntimeError, TimeoutError, OSError) as exc:
         return {
             "case": case.name,
@@ -181,6 +186,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=1, help="runs of each case (default 1)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed a round")
     parser.add_argument("--profile", type=Path, help="py-spy stacks of every process, in this dir")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="the node processes' sys.setswitchinterval (seconds; Python's default 0.005)",
+    )
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT, help="results (JSON)")
     return parser.parse_args(argv)
 
@@ -198,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line, flush=True)
         for case in args.cases:
             for _ in range(args.runs):
-                profile = None if args.profile is None else args.profile / case.name.split(",")[0]
-                run = run_case(case, args.timeout, profile)
+                profile = None if args.profile is None else args.profile / f"{case.nodes}"
+                run = run_case(case, args.timeout, profile, args.switch_interval)
                 print(describe(run), flush=True)
                 runs.append(run)
     report = {
@@ -207,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": host | {"load_average_at_end": load_average()},
         "versions": versions(["ours"]),
         "limits": limits,
+        "switch_interval": args.switch_interval,
         "runs": runs,
         "slopes": fitted_slopes(runs),
     }

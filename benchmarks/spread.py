@@ -228,7 +228,13 @@ def split(count: int, parts: int) -> list[int]:
 
 
 def run_spread(
-    impl: str, case: SpreadCase, timeout: float, run_id: str, profile: Path | None = None
+    impl: str,
+    case: SpreadCase,
+    timeout: float,
+    run_id: str,
+    profile: Path | None = None,
+    *,
+    switch_interval: float | None = None,
 ) -> SpreadResult:
     """Run ``case`` for ``impl``; raises ``TimeoutError`` past ``timeout`` seconds a round."""
     min_nodes = case.nodes - case.victims
@@ -242,6 +248,8 @@ def run_spread(
         "config": KILL_CONFIG if case.victims else ROUND_CONFIG,
         "timeout": timeout,
     }
+    if switch_interval is not None:
+        spec["switch_interval"] = switch_interval
     with start_server(impl, timeout) as server:
         requests = RequestCounts(server.host, server.port) if impl == "ours" else None
         store = StoreProcess(
@@ -418,6 +426,8 @@ def node_main(spec: dict[str, Any]) -> int:
     """
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     threading.stack_size(256 * 1024)
+    if "switch_interval" in spec:
+        sys.setswitchinterval(spec["switch_interval"])
     noted: list[Departure] = []
     watch_departures(noted.append, with_torch=spec["impl"] == "torch")
     if spec.get("count_requests"):

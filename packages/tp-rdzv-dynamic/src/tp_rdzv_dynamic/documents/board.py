@@ -88,10 +88,12 @@ class RendezvousBoard:
 
     def be_absent(self, node: _NodeDesc, token: str) -> None:
         """End ``node``'s presence in a session others stay present through: its key
-        deleted, then its departure posted, as the session's end would do."""
+        deleted, then its departure posted, as the session's end would do. Both have
+        landed when this returns (the push has no reply: a round trip follows it)."""
         with self._store_errors("ending this node's presence"):
             self.store.delete_key(self.keys.presence(node.key))
             self.store.queue_push(self.keys.mailbox, encode_message(Gone(node, token)))
+            self.store.queue_len(self.keys.mailbox)
 
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.
@@ -235,12 +237,17 @@ class RendezvousBoard:
 
         A completed round's roster and answers are written first (in
         :data:`ANSWER_BATCH`-sized requests): a node woken by the outcome finds
-        its answer. They are rewritten whole by a steward publishing the same
-        round again (taking office), which harms nobody: same round, same lists.
+        its answer. Once the outcome is there they are never written again: a
+        steward taking office publishes the round of its state again, whose
+        participants may have left since the nodes were told (what the nodes
+        were told stays what the store holds). Written and not followed by an
+        outcome (a steward died between), they are written whole again.
         """
         round_ = outcome.round
         key = self.keys.outcome(round_)
         with self._store_errors(f"publishing round {round_}"):
+            if self.store.check([key]):
+                return self.store.get(key)
             if not outcome.closed and outcome.error is None:
                 self.store.set(self.keys.roster(round_), encode_roster(outcome))
                 seats = answers(outcome)

@@ -329,11 +329,18 @@ class Steward:
             elif not self._liveness.tracks(node.key):
                 self._liveness.suspect(node.key, now, self._tick)
 
-    def _refresh_sampling(self) -> None:
-        """After the membership changed: whether some member's counter must be sampled."""
-        members = {node.key for node in self._state.members()}
-        self._present &= members
-        self._sampling = len(self._present) < len(members)
+    def _refresh_sampling(self, events: list[Event] | None = None) -> None:
+        """After the membership changed: whether some member's counter must be sampled.
+
+        Without leaves (or the closing), every node watched is still a member and
+        the counts tell: no pass over the members per batch of joins.
+        """
+        state = self._state
+        count = len(state.participants) + len(state.wait_list) + len(state.redundancy_list)
+        left = events is None or any(isinstance(event, Leave) for event in events)
+        if left or state.closed or len(self._present) > count:
+            self._present &= {node.key for node in state.members()}
+        self._sampling = len(self._present) < count
 
     def _beat(self) -> None:
         self._tenure.beat(self._round_hint())
@@ -423,7 +430,7 @@ class Steward:
         # this steward's lease before posting (it was still this steward's after
         # the drain), so they post them again to the next steward.
         self._taken = []
-        self._refresh_sampling()
+        self._refresh_sampling(events)
         for round_ in transition.completed:
             self._event(
                 logging.INFO,
