@@ -2,18 +2,20 @@
 """The spread round on etcd: N nodes over P processes, every node its own handler and
 ``EtcdStore``, ``min_nodes = max_nodes = N``, default settings (``spread.py``).
 
-For each ``N:P`` case the bench starts a fresh etcd (``--members 1``, or 3 on
-loopback), runs one round, checks ranks 0..N-1, and reports the time from the
-start signal to the last node's return, etcd's requests in the round by gRPC
-method (the messages the members received, ``grpc_server_msg_received_total``,
-every member summed: each keep-alive on a stream counts, as each watch request
-does) and per node, the nodes' requests by method and key family (counted in the node
-processes, :mod:`etcd_requests`), and the members' CPU seconds (per node).
-With ``--kill-leader S`` the leader is killed S seconds into the round (three
-members); the round must still complete with every node.
+For each ``N:P`` case the bench starts a fresh etcd (one member for
+``--cases``; three on loopback for ``--kill-cases``, the leader killed
+``--kill-leader`` seconds into the round), runs one round, checks ranks
+0..N-1, and reports the time from the start signal to the last node's return,
+etcd's requests in the round by gRPC method (the messages the members
+received, ``grpc_server_msg_received_total``, every member summed: each
+keep-alive on a stream counts, as each watch request does) and per node, the
+nodes' requests by method and key family (counted in the node processes,
+:mod:`etcd_requests`), and the members' CPU seconds (per node).
+A kill case's round must still complete with every node. One command runs
+them all, writing ``results/etcd_round.json`` and ``results/etcd_round_kill.json``
+(``report.py`` makes the report's etcd section of them):
 
-    python benchmarks/etcd_round.py --cases 128:4,1000:8,2000:8,4000:16
-    python benchmarks/etcd_round.py --cases 1000:8 --members 3 --kill-leader 0.5
+    python benchmarks/etcd_round.py [--etcd-binary /usr/bin/etcd]
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "etcd_round.json"
+KILL_OUT = HERE / "results" / "etcd_round_kill.json"
+CASES = "128:4,1000:8,2000:8,4000:16"
+KILL_CASES = "1000:8"
+KILL_AFTER = 1.5
 # Messages, not calls: a stream's keep-alives each count (a call counts once, at its end).
 _RECEIVED = re.compile(
     r'^grpc_server_msg_received_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M
@@ -158,45 +164,75 @@ def _kill_leader(cluster: LocalEtcd, killed: dict[str, Any]) -> None:
     killed.update(member=leader.name, at=time.monotonic(), requests=requests, cpu=cpu)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="128:4,1000:8", help="N:P,... (default 128:4,1000:8)")
-    parser.add_argument("--members", type=int, default=1)
-    parser.add_argument(
-        "--kill-leader", type=float, help="kill the leader this many s into the round"
-    )
-    parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--etcd-binary", help="default: $TP_ETCD_BINARY, etcd on PATH, ...")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
-    binary = find_etcd(args.etcd_binary)
-    if binary is None:
-        sys.exit("no etcd binary (--etcd-binary)")
+def run_cases(
+    cases: str,
+    *,
+    members: int,
+    kill_leader: float | None,
+    args: argparse.Namespace,
+    binary: str,
+    out: Path,
+) -> None:
+    """Every ``N:P`` case of ``cases`` on a fresh cluster of ``members``; results to ``out``."""
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    setup = argparse.Namespace(**(vars(args) | {"members": members, "kill_leader": kill_leader}))
     runs = []
-    for text in args.cases.split(","):
+    for text in cases.split(","):
         case = SpreadCase.parse(text)
         try:
-            run = run_case(case, args, binary)
+            run = run_case(case, setup, binary)
         except (RuntimeError, TimeoutError) as exc:
             run = {"nodes": case.nodes, "processes": case.processes, "error": str(exc)[:2000]}
         print(run, flush=True)
         runs.append(run)
     write_results(
-        args.out,
+        out,
         {
             "benchmark": "etcd_round",
             "date": date,
             "host": host_info() | {"load_average_at_end": load_average()},
             "versions": versions(["ours"]) | {"etcd": etcd_version(binary)},
-            "config": {
-                "members": args.members,
-                "kill_leader": args.kill_leader,
-                "settings": ROUND_CONFIG,
-            },
+            "config": {"members": members, "kill_leader": kill_leader, "settings": ROUND_CONFIG},
             "runs": runs,
         },
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cases", default=CASES, help=f"N:P,... on one member, '' for none (default {CASES})"
+    )
+    parser.add_argument(
+        "--kill-cases",
+        default=KILL_CASES,
+        help=f"N:P,... on three members, the leader killed, '' for none (default {KILL_CASES})",
+    )
+    parser.add_argument(
+        "--kill-leader",
+        type=float,
+        default=KILL_AFTER,
+        help=f"seconds into a kill case's round the leader dies (default {KILL_AFTER})",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per round")
+    parser.add_argument("--etcd-binary", help="default: $TP_ETCD_BINARY, etcd on PATH, ...")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the one-member results")
+    parser.add_argument("--kill-out", type=Path, default=KILL_OUT, help="the kill cases' results")
+    args = parser.parse_args(argv)
+    binary = find_etcd(args.etcd_binary)
+    if binary is None:
+        sys.exit("no etcd binary (--etcd-binary)")
+    if args.cases:
+        run_cases(args.cases, members=1, kill_leader=None, args=args, binary=binary, out=args.out)
+    if args.kill_cases:
+        run_cases(
+            args.kill_cases,
+            members=3,
+            kill_leader=args.kill_leader,
+            args=args,
+            binary=binary,
+            out=args.kill_out,
+        )
     return 0
 
 
