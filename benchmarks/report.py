@@ -12,6 +12,8 @@ Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
 - ``rendezvous-spread-returns.png``: for each spread case (N nodes over P
   processes, the server alone), every node's time from the start signal to
   its return, as a histogram: where the round's tail is;
+- the etcd section (``etcd_report.py``): the round on etcd at job scale,
+  from ``etcd_round.py``'s results, with ``etcd-round.png``;
 - the recovery section (``recovery_report.py``): from the results of
   ``restart_bench.py``, ``rdzv_bench.py --recovery`` and ``idle_bench.py``
   and of the same before issue 25 (``results/issue25-baseline/``), with
@@ -32,6 +34,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import etcd_report
 import recovery_report
 import scale_report
 from metrics import Metric
@@ -500,6 +503,10 @@ def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict
     if recovery_section:
         add(recovery_section)
 
+    etcd_section = etcd_report.section(alts.get(etcd_report.PNG, ""))
+    if etcd_section:
+        add(etcd_section)
+
     add("## Store: operations per second, storms and memory\n")
     if store is None:
         add("Not run yet: `python benchmarks/store_bench.py` writes its results.\n")
@@ -573,6 +580,8 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     recovery = RecoveryRuns.load()
     out_dir.mkdir(parents=True, exist_ok=True)
     alts, written = recovery_report.write_plots(recovery, out_dir)
+    alts[etcd_report.PNG], etcd_plots = etcd_report.write_plot(out_dir)
+    written += etcd_plots
     scale = scale_report.load()
     if scale is not None:
         alts[scale_report.SCALE_PNG] = scale_report.plot(scale, out_dir / scale_report.SCALE_PNG)

@@ -450,6 +450,10 @@ def node_main(spec: dict[str, Any]) -> int:
         model_one_node_per_process()
     noted: list[Departure] = []
     watch_departures(noted.append, with_torch=spec["impl"] == "torch")
+    if spec.get("count_requests"):
+        from etcd_requests import count_requests
+
+        count_requests()
     round_records: list[dict[str, Any]] = []
     logging.getLogger("tp_rdzv_dynamic").addHandler(_RoundRecords(round_records.append))
     handlers = [_make_handler(spec) for _ in range(spec["count"])]
@@ -480,6 +484,10 @@ def node_main(spec: dict[str, Any]) -> int:
             send_message("watching")
         elif command == "changes":
             send_message("changes", nodes=len(changed))
+        elif command == "requests":
+            from etcd_requests import take_counts
+
+            send_message("requests", counts=take_counts())
         if command != "next":
             continue
         cpu = _cpu_seconds()
