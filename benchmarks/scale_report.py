@@ -118,7 +118,11 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
         f"![{escape(alts[SCALE_PNG])}]({SCALE_PNG})\n",
         "`python benchmarks/scale_bench.py`: the spread scenario (N nodes over P processes, "
         "each node its own handler and store connection, the server alone in its own "
-        "process, one start signal) at 1,000 / 4,000 / 10,000 / 16,000 nodes, ours only. "
+        "process, one start signal; the nodes of one process share one presence session "
+        "and one connection for their ticks, so the server holds about N + 2P connections "
+        "where a deployment of one node per host holds 2N: this machine's 20,000 open files "
+        "could not hold 2N at 10,000 nodes, and opening N sessions would add to the "
+        "joins) at 1,000 / 4,000 / 10,000 / 16,000 nodes, ours only. "
         "*Joins*: from the start signal until the steward began the batch that completed "
         "the round; *decision*: that batch decided and the state saved; *answers*: from then "
         "to the last return, including *publish* (the steward writing the roster, the "
