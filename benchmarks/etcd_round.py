@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The spread round on etcd: N nodes over P processes, every node its own handler and
-``EtcdStore``, ``min_nodes = max_nodes = N``, default settings (``spread.py``).
+"""The spread round on etcd: N nodes over P processes, every node its own handler,
+``EtcdStore`` and lease, ``min_nodes = max_nodes = N``, default settings (``spread.py``).
 
 For each ``N:P`` case the bench starts a fresh etcd (one member for
 ``--cases``; three on loopback for ``--kill-cases``, the leader killed
@@ -98,6 +98,9 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
         "config": ROUND_CONFIG,
         "timeout": args.timeout,
         "count_requests": True,
+        # A lease of its own per node, as one node per host has: its grant is a request
+        # of the round, its keep-alives etcd's cost (a process's nodes would share one).
+        "session_per_node": True,
     }
     with LocalEtcd(args.members, binary=binary) as cluster:
         pids = [member.pid for member in cluster.members if member.pid is not None]
