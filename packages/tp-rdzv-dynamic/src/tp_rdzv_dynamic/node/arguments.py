@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from tp_rdzv_dynamic.backends.backend import RendezvousBackend
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
-from tp_rdzv_dynamic.model.node_desc import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc, _NodeDescGenerator, address_problem
+from tp_rdzv_dynamic.quoting import quoted
 from tp_rdzv_dynamic.settings import RendezvousSettings
 from tp_store import Store
 
@@ -54,13 +55,9 @@ def check_arguments(  # noqa: PLR0917 - the handler's documented signature
     checked = _check_settings(settings, run_id)
     if not isinstance(node_rank, int) or isinstance(node_rank, bool) or node_rank < 0:
         raise ValueError(f"node_rank must be an int >= 0, got {node_rank!r}")
-    if local_addr is not None and (
-        not isinstance(local_addr, str) or not 0 < len(local_addr) <= MAX_ADDR_LENGTH
-    ):
-        raise ValueError(
-            f"local_addr must be None or a str of 1 to {MAX_ADDR_LENGTH} characters, "
-            f"got {local_addr!r:.100}"
-        )
+    problem = None if local_addr is None else address_problem(local_addr)
+    if problem is not None:
+        raise ValueError(f"local_addr {quoted(local_addr)} {problem}")
     if not isinstance(backend_name, str) or not backend_name:
         raise ValueError(f"backend_name must be a non-empty str, got {backend_name!r}")
     holder = _check_holder(backend, state_holder, checked.run_id)
