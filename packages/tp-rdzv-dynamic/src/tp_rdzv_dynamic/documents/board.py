@@ -233,7 +233,7 @@ class RendezvousBoard:
         return self._appears(self.keys.mailbox, timeout, "waiting for the mailbox")
 
     def take_mail(self) -> list[tuple[Mail | None, str | None]]:
-        """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged (one line) and dropped.
+        """Up to :data:`MAX_BATCH` mailbox messages; a malformed one is logged in a line and dropped.
 
         Two round trips however many there are: the queue's length, then that
         many pops pipelined (one round trip per message made a storm of joins
@@ -247,7 +247,7 @@ class RendezvousBoard:
         for raw in raws:
             try:
                 messages.append(decode_message(raw))
-            except Exception as exc:  # noqa: BLE001 - one message, whatever it holds, is dropped
+            except Exception as exc:  # one message, whatever it holds, is dropped
                 # decode_message raises ValueError only (its property tests hold it to
                 # that); anything else is a bug to report, not a reason to stop deciding.
                 log.warning(
