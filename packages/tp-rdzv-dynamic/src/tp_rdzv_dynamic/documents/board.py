@@ -233,7 +233,7 @@ class RendezvousBoard:
         return self._appears(self.keys.mailbox, timeout, "waiting for the mailbox")
 
     def take_mail(self) -> list[tuple[Mail | None, str | None]]:
-        """Up to :data:`MAX_BATCH` mailbox messages; a malformed one is logged in a line and dropped.
+        """Up to :data:`MAX_BATCH` mailbox messages; a malformed one is logged (a line) and dropped.
 
         Two round trips however many there are: the queue's length, then that
         many pops pipelined (one round trip per message made a storm of joins
