@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from tp_rdzv_dynamic.backends.backend import RendezvousBackend
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
@@ -68,7 +69,7 @@ def check_arguments(  # noqa: PLR0917 - the handler's documented signature
             f"DynamicRendezvousHandler needs a tp_store.Store (store=...), got {store!r}"
         )
     if node is None:
-        node = generator.generate(local_addr)
+        node = generator.generate(cast(str | None, local_addr))  # checked above
     elif not isinstance(node, _NodeDesc):
         raise TypeError(f"node must be a _NodeDesc, got {node!r}")
     return HandlerArguments(node, checked, backend_name, store, holder, node_rank)

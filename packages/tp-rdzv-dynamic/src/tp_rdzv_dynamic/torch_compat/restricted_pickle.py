@@ -90,7 +90,7 @@ class _Machine:
         self.containers = 0
         self.dispatch: dict[int, Callable[[], None]] = {
             pickle.PROTO[0]: self._proto,
-            pickle.FRAME[0]: lambda: self._take(8),  # a length hint only
+            pickle.FRAME[0]: self._frame,
             pickle.MARK[0]: lambda: self.marks.append(len(self.stack)),
             pickle.POP[0]: self._pop,
             pickle.NONE[0]: lambda: self.stack.append(None),
@@ -163,6 +163,9 @@ class _Machine:
     def _proto(self) -> None:
         if self._unpack("<B") > pickle.HIGHEST_PROTOCOL:
             raise pickle.UnpicklingError("the pickle has an unknown protocol")
+
+    def _frame(self) -> None:
+        self._take(8)  # the frame's length: a hint for buffered reading only
 
     def _long1(self) -> None:
         size = self._unpack("<B")
