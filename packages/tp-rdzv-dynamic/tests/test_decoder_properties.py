@@ -1,5 +1,5 @@
 """Every decoder of store data, fed hostile values: a value or its one documented error,
-within a second of CPU time and 64 MiB, and an error message of bounded length.
+within a second of CPU time and 64 MiB, and a short error message (``within_bounds``).
 
 The strategies (``hostile_data``) build on real documents and PyTorch states
 with parts replaced (deep, wide, shared, wrongly typed, surrogates, huge
@@ -9,9 +9,8 @@ examples: a short run here, a long one in ``nox -s hostile``.
 
 from __future__ import annotations
 
-import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import hostile_data
 import pytest
@@ -28,13 +27,7 @@ from tp_rdzv_dynamic.documents.codecs import (
 )
 from tp_rdzv_dynamic.model.node_desc import node_from_fields
 from tp_rdzv_dynamic.torch_compat.torch_state import decode_torch_state
-
-#: The bounds every example must stay within.
-MAX_SECONDS = 1.0
-MAX_MEMORY = 64 << 20
-#: An error message quotes what it refuses within a bound (quoting.MAX_QUOTED
-#: a value, a few values a message).
-MAX_MESSAGE = 2000
+from tp_store.testing.bounds import within_bounds
 
 hostile = settings(
     max_examples=hostile_data.EXAMPLES,
@@ -50,41 +43,22 @@ def traced_memory() -> Iterator[None]:
     tracemalloc.stop()
 
 
-def bounded(decode: Callable[[], object], errors: tuple[type[Exception], ...]) -> object:
-    """What ``decode()`` returns or raises among ``errors``, checked against the bounds."""
-    tracemalloc.reset_peak()
-    before = tracemalloc.get_traced_memory()[0]
-    # CPU time of this thread: steady on a loaded machine, unlike the wall clock.
-    started = time.thread_time()
-    try:
-        result: object = decode()
-    except errors as exc:
-        result = exc
-    seconds = time.thread_time() - started
-    peak = tracemalloc.get_traced_memory()[1] - before
-    assert seconds <= MAX_SECONDS, f"{seconds:.2f} s of CPU"
-    assert peak <= MAX_MEMORY, f"{peak >> 20} MiB"
-    if isinstance(result, Exception):
-        assert len(str(result)) <= MAX_MESSAGE, f"a {len(str(result))}-character message"
-    return result
-
-
 @hostile
 @given(hostile_data.DOCUMENT_STATES)
 def test_a_state_document_decodes_or_is_a_state_error(raw: bytes) -> None:
-    bounded(lambda: decode_state(raw, "the state key"), (RendezvousStateError,))
+    within_bounds(lambda: decode_state(raw, "the state key"), (RendezvousStateError,))
 
 
 @hostile
 @given(hostile_data.DOCUMENT_OUTCOMES)
 def test_an_outcome_decodes_or_is_a_state_error(raw: bytes) -> None:
-    bounded(lambda: decode_outcome(raw, "the outcome key"), (RendezvousStateError,))
+    within_bounds(lambda: decode_outcome(raw, "the outcome key"), (RendezvousStateError,))
 
 
 @hostile
 @given(hostile_data.DOCUMENT_MESSAGES)
 def test_a_mailbox_message_decodes_to_keyable_nodes_or_is_a_value_error(raw: bytes) -> None:
-    decoded = bounded(lambda: decode_message(raw), (ValueError,))
+    decoded = within_bounds(lambda: decode_message(raw), (ValueError,))
     if isinstance(decoded, tuple) and decoded[0] is not None:
         event, receipt = decoded
         # What the steward makes store keys and values of encodes.
@@ -96,13 +70,13 @@ def test_a_mailbox_message_decodes_to_keyable_nodes_or_is_a_value_error(raw: byt
 @hostile
 @given(hostile_data.DOCUMENT_LIVENESS)
 def test_a_liveness_report_decodes_or_is_a_state_error(raw: bytes) -> None:
-    bounded(lambda: decode_liveness(raw, "the liveness key"), (RendezvousStateError,))
+    within_bounds(lambda: decode_liveness(raw, "the liveness key"), (RendezvousStateError,))
 
 
 @hostile
 @given(hostile_data.LEASE_VALUES)
 def test_a_lease_reads_as_a_lease_whatever_it_holds(raw: bytes) -> None:
-    lease = bounded(lambda: Lease.parse(raw), ())
+    lease = within_bounds(lambda: Lease.parse(raw), ())
     assert isinstance(lease, Lease)
     assert lease.epoch >= 0
     assert lease.round >= 0
@@ -111,7 +85,7 @@ def test_a_lease_reads_as_a_lease_whatever_it_holds(raw: bytes) -> None:
 @hostile
 @given(hostile_data.TORCH_VALUES)
 def test_a_pytorch_state_decodes_or_is_a_state_error(raw: bytes) -> None:
-    state = bounded(lambda: decode_torch_state(raw, "PyTorch's key"), (RendezvousStateError,))
+    state = within_bounds(lambda: decode_torch_state(raw, "PyTorch's key"), (RendezvousStateError,))
     if not isinstance(state, RendezvousStateError):
         for node in [*state.participants, *state.wait_list, *state.last_heartbeats]:  # type: ignore[attr-defined]
             str(node).encode()
@@ -126,6 +100,6 @@ def test_a_pytorch_state_decodes_or_is_a_state_error(raw: bytes) -> None:
 def test_node_fields_make_a_keyable_node_or_a_value_error(
     addr: object, pid: object, local_id: object
 ) -> None:
-    node = bounded(lambda: node_from_fields(addr, pid, local_id), (ValueError,))
+    node = within_bounds(lambda: node_from_fields(addr, pid, local_id), (ValueError,))
     if not isinstance(node, ValueError):
         node.key.encode()  # type: ignore[attr-defined]

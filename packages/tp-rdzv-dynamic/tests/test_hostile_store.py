@@ -12,7 +12,6 @@ import json
 import logging
 import pickle
 import threading
-import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -48,6 +47,7 @@ from tp_rdzv_dynamic.model.decisions import Join, Leave
 from tp_rdzv_dynamic.model.state import RendezvousState
 from tp_rdzv_dynamic.torch_compat.torch_c10d import TorchC10dRun
 from tp_store import TCPStore
+from tp_store.testing.bounds import within_bounds
 
 KEYS = f"tp_rdzv/{RUN}/"
 #: Deeply nested JSON: Python's parser raises RecursionError on it.
@@ -322,9 +322,6 @@ def test_the_steward_outlives_any_batch_of_hostile_messages(messages):
 )
 def test_a_hostile_pytorch_state_is_a_short_state_error(server, value, complaint):
     server.set(f"torch.rendezvous.{RUN}", value)
-    started = time.thread_time()
-    with pytest.raises(RendezvousStateError, match=complaint) as caught:
-        TorchC10dRun(server, RUN).read()
-    # CPU time of this thread, steady on a loaded machine: a bound, not a benchmark.
-    assert time.thread_time() - started < 1
-    assert len(str(caught.value)) < 1000
+    error = within_bounds(lambda: TorchC10dRun(server, RUN).read(), (RendezvousStateError,))
+    assert isinstance(error, RendezvousStateError)
+    assert complaint in str(error)
