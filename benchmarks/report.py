@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import recovery_report
+import scale_report
 from metrics import Metric
 from recovery_report import RecoveryRuns
 from report_parts import (
@@ -491,6 +492,10 @@ def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict
         )
         add(spread_table(rdzv) + "\n")
 
+    scale_section = scale_report.section(scale_report.load(), alts)
+    if scale_section:
+        add(scale_section)
+
     recovery_section = recovery_report.section(recovery, alts)
     if recovery_section:
         add(recovery_section)
@@ -568,6 +573,10 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     recovery = RecoveryRuns.load()
     out_dir.mkdir(parents=True, exist_ok=True)
     alts, written = recovery_report.write_plots(recovery, out_dir)
+    scale = scale_report.load()
+    if scale is not None:
+        alts[scale_report.SCALE_PNG] = scale_report.plot(scale, out_dir / scale_report.SCALE_PNG)
+        written.append(out_dir / scale_report.SCALE_PNG)
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)

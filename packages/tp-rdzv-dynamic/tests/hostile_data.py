@@ -21,6 +21,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tp_rdzv_dynamic import _NodeDesc
+from tp_rdzv_dynamic.documents.answers import Seat, encode_answer, encode_roster
 from tp_rdzv_dynamic.documents.codecs import (
     Lease,
     LivenessReport,
@@ -134,19 +135,16 @@ _COMPLETE = RendezvousState(
     epoch=2,
 )
 STATES = [encode_state(RendezvousState()), encode_state(_COMPLETE)]
+_LARGE = RoundOutcome(
+    4, closed=False, participants=tuple(_NodeDesc(f"n{i}", i, 0) for i in range(300))
+)
 OUTCOMES = [
     encode_outcome(_COMPLETE.outcome()),
     encode_outcome(RoundOutcome(2, closed=True)),
     encode_outcome(RoundOutcome(2, closed=False, error="nobody decides")),
-    encode_outcome(
-        RoundOutcome(
-            4,
-            closed=False,
-            participants=tuple(_NodeDesc(f"n{i}", i, 0) for i in range(300)),
-            ranks={_NodeDesc(f"n{i}", i, 0): i for i in range(300)},
-        )
-    ),  # compressed
 ]
+ANSWERS = [encode_answer(Seat(3, 1, 2))]
+ROSTERS = [encode_roster(_COMPLETE.outcome()), encode_roster(_LARGE)]  # the large one compressed
 MESSAGES = [
     encode_message(Join(NODES[0], 1, 0), "rcpt/abc"),
     encode_message(Leave(NODES[1])),
@@ -157,6 +155,8 @@ LEASES = [Lease.encode(5, "node0_100_0", "*", 2), Lease.encode(1, "", 7, 0)]
 
 DOCUMENT_STATES = mutated(STATES) | RAW_BYTES
 DOCUMENT_OUTCOMES = mutated(OUTCOMES) | RAW_BYTES
+DOCUMENT_ANSWERS = mutated(ANSWERS) | RAW_BYTES
+DOCUMENT_ROSTERS = mutated(ROSTERS) | RAW_BYTES
 DOCUMENT_MESSAGES = mutated(MESSAGES) | RAW_BYTES
 DOCUMENT_LIVENESS = mutated(LIVENESS) | RAW_BYTES
 

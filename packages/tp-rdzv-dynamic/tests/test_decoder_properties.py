@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tp_rdzv_api import RendezvousStateError
+from tp_rdzv_dynamic.documents.answers import decode_answer, decode_roster
 from tp_rdzv_dynamic.documents.codecs import (
     Lease,
     decode_liveness,
@@ -53,6 +54,18 @@ def test_a_state_document_decodes_or_is_a_state_error(raw: bytes) -> None:
 @given(hostile_data.DOCUMENT_OUTCOMES)
 def test_an_outcome_decodes_or_is_a_state_error(raw: bytes) -> None:
     within_bounds(lambda: decode_outcome(raw, "the outcome key"), (RendezvousStateError,))
+
+
+@hostile
+@given(hostile_data.DOCUMENT_ANSWERS)
+def test_an_answer_decodes_or_is_a_state_error(raw: bytes) -> None:
+    within_bounds(lambda: decode_answer(raw, "the answer key"), (RendezvousStateError,))
+
+
+@hostile
+@given(hostile_data.DOCUMENT_ROSTERS)
+def test_a_roster_decodes_or_is_a_state_error(raw: bytes) -> None:
+    within_bounds(lambda: decode_roster(raw, "the roster key"), (RendezvousStateError,))
 
 
 @hostile

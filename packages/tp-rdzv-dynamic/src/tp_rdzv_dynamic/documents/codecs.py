@@ -13,11 +13,8 @@ read these documents: changing one is a change of the wire format.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import threading
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +30,13 @@ from .bounded_json import MAX_MESSAGE_BYTES, DocumentError, load_document
 from .layout import MAX_RECEIPT_LENGTH, RECEIPT_PREFIX
 
 STATE_FORMAT = "tp-rdzv-state"
-_COMPRESS_ABOVE = 4096
 OUTCOME_FORMAT = "tp-rdzv-round"
 SCHEMA = 1
 LIVENESS_FORMAT = "tp-rdzv-liveness"
 #: What wakes a steward blocked on the mailbox (it ignores the message).
 WAKE_MESSAGE = b'{"op":"wake"}'
+#: The longest error message of a failed round's outcome read (longer ones are cut).
+MAX_ERROR_LENGTH = 2000
 #: The beat of a lease held through its holder's store session: the store
 #: deletes the lease when that session ends, so nobody judges it by silence.
 SESSION_BEAT = "*"
@@ -71,9 +69,9 @@ def encode_state(state: RendezvousState) -> bytes:
 def encode_outcome(outcome: RoundOutcome) -> bytes:
     """``outcome`` as published to the nodes: complete, closed, or why nobody could decide it.
 
-    Every node reads a complete one, so a large one is zlib-compressed JSON
-    (node names repeat a lot): a few KiB per node instead of ~30 bytes per
-    participant.
+    Every node waits for it, so a complete one carries only the world size (a
+    few dozen bytes): each node then reads its own answer, and whoever wants
+    the lists reads the roster (:mod:`.answers`).
     """
     document: dict[str, Any] = {"format": OUTCOME_FORMAT, "schema": SCHEMA, "round": outcome.round}
     if outcome.closed:
@@ -81,16 +79,8 @@ def encode_outcome(outcome: RoundOutcome) -> bytes:
     elif outcome.error is not None:
         document.update(status="error", error=outcome.error)
     else:
-        document.update(
-            status="complete",
-            participants=[_node_fields(n) for n in outcome.participants],
-            wait_list=[_node_fields(n) for n in outcome.wait_list],
-            redundancy_list=[_node_fields(n) for n in outcome.redundancy_list],
-        )
-    raw = json.dumps(document, separators=(",", ":")).encode()
-    if document["status"] == "complete" and len(raw) > _COMPRESS_ABOVE:
-        return zlib.compress(raw)
-    return raw
+        document.update(status="complete", world_size=outcome.world_size)
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 class _Reader:
@@ -175,42 +165,24 @@ def decode_state(raw: bytes, where: str) -> RendezvousState:
     return state
 
 
-#: Nodes of one process woken by the same outcome decode it once: the others
-#: wait for the first instead of all missing the cache together.
-_decoding = threading.Lock()
-
-
 def decode_outcome(raw: bytes, where: str) -> RoundOutcome:
-    """The round outcome in ``raw`` (decoded once per process: every node reads the same bytes)."""
-    with _decoding:
-        return _decode_outcome(raw, where)
-
-
-@functools.lru_cache(maxsize=8)
-def _decode_outcome(raw: bytes, where: str) -> RoundOutcome:
+    """The round outcome in ``raw``: closed, an error, or complete with its world size."""
     reader = _Reader(raw, OUTCOME_FORMAT, where)
     round_ = reader.value("round", int)
     status = reader.document.get("status")
     if status == "closed":
         return RoundOutcome(round_, closed=True)
     if status == "error":
-        return RoundOutcome(round_, closed=False, error=str(reader.value("error", str)))
+        # Raised as each waiting node's error: what a steward writes is short.
+        error: str = reader.value("error", str)
+        cut = error if len(error) <= MAX_ERROR_LENGTH else error[:MAX_ERROR_LENGTH] + "..."
+        return RoundOutcome(round_, closed=False, error=cut)
     if status != "complete":
         raise reader.error(f"has an unknown status {quoted(status)}")
-    participants = tuple(node for node, _ in reader.nodes("participants"))
-    if not participants:
+    world_size = reader.value("world_size", int)
+    if world_size < 1:
         raise reader.error("has a complete round without participants")
-    ranks = {node: rank for rank, node in enumerate(participants)}
-    if len(ranks) != len(participants):
-        raise reader.error("lists a participant twice")
-    return RoundOutcome(
-        round_,
-        closed=False,
-        participants=participants,
-        wait_list=tuple(node for node, _ in reader.nodes("wait_list")),
-        redundancy_list=tuple(node for node, _ in reader.nodes("redundancy_list")),
-        ranks=ranks,
-    )
+    return RoundOutcome(round_, closed=False, world_size=world_size)
 
 
 @dataclass(frozen=True)
