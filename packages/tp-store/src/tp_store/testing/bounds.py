@@ -23,20 +23,25 @@ def within_bounds(decode: Callable[[], object], errors: tuple[type[Exception], .
     Raises ``AssertionError`` if it took more than :data:`MAX_SECONDS` of this
     thread's CPU time (steady on a loaded machine, unlike the wall clock),
     more than :data:`MAX_MEMORY` of memory at its peak (measured with
-    :mod:`tracemalloc`, started here if it was not), or if the error's
+    :mod:`tracemalloc`, started and stopped here if it was not on), or if the error's
     message is longer than :data:`MAX_MESSAGE`. Any other exception propagates.
     """
-    if not tracemalloc.is_tracing():
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
         tracemalloc.start()
-    tracemalloc.reset_peak()
-    before = tracemalloc.get_traced_memory()[0]
-    started = time.thread_time()
     try:
-        result: object = decode()
-    except errors as exc:
-        result = exc
-    seconds = time.thread_time() - started
-    peak = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        started = time.thread_time()
+        try:
+            result: object = decode()
+        except errors as exc:
+            result = exc
+        seconds = time.thread_time() - started
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:  # as it was: a later test's own measure starts afresh
+            tracemalloc.stop()
     assert seconds <= MAX_SECONDS, f"{seconds:.2f} s of CPU"
     assert peak <= MAX_MEMORY, f"{peak >> 20} MiB at the peak"
     if isinstance(result, Exception):
