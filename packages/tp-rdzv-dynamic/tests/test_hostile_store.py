@@ -253,6 +253,7 @@ def test_a_huge_value_in_the_state_makes_a_short_error(make_node, server, thread
         b"-7 node 1 -3",
         b"1 - 1 0 extra",
         b"\x00\x00\x00\x00",
+        b"1 forged\nline * 0",  # a holder no node key can be (status prints it)
     ],
 )
 def test_a_hostile_lease_is_vacant_and_the_round_completes(make_node, server, thread_deaths, lease):

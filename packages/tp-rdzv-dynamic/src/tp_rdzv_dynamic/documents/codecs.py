@@ -219,6 +219,8 @@ class Lease:
             holder = "" if parts[1] == b"-" else parts[1].decode()
         except (ValueError, UnicodeDecodeError):
             return cls(raw, 0, "")
+        if not holder.isprintable():  # a node key is printable: this one is no steward's
+            return cls(raw, 0, "")
         session_held = bool(holder) and parts[2] == SESSION_BEAT.encode()
         return cls(raw, max(epoch, 0), holder, max(round_, 0), session_held)
 
