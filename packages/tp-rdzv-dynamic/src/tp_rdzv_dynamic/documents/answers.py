@@ -28,6 +28,7 @@ from typing import Any
 
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RoundOutcome
+from tp_rdzv_dynamic.quoting import quoted
 
 from .codecs import SCHEMA, _node_fields, _Reader
 
@@ -80,7 +81,7 @@ def decode_answer(raw: bytes, where: str) -> Seat:
         reader.value("round", int), reader.value("rank", int), reader.value("world_size", int)
     )
     if seat.rank >= seat.world_size:
-        raise reader.error(f"has rank {seat.rank} in a world of {seat.world_size}")
+        raise reader.error(f"has rank {quoted(seat.rank)} in a world of {quoted(seat.world_size)}")
     return seat
 
 
