@@ -271,10 +271,19 @@ class Steward:
                 events.append(message)
                 if isinstance(message, Join):
                     joining.add(message.node)
-            elif over or not self._is_member(message.node, joining):
-                # A node that already left: the will of a session it shared with
-                # other nodes of its process fires when that session ends.
+            elif over:
                 continue
+            elif not self._is_member(message.node, joining):
+                # A node that already left (the will of a session it shared with
+                # other nodes of its process fires when that session ends), or a
+                # member of a completed round whose survivors opened the next
+                # one without it before its departure came.
+                self._event(
+                    logging.DEBUG,
+                    "departure_ignored",
+                    f"node {message.node} is gone; it is in no round",
+                    about=message.node,
+                )
             elif self.board.present_again(message):
                 self._event(
                     logging.INFO,
