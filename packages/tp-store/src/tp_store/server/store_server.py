@@ -522,6 +522,7 @@ class StoreServer:
             limits.max_value_bytes,
             limits.max_session_keys,
             limits.max_session_wills,
+            limits.max_stored_bytes,
         )
         self.sessions = SessionTable(self.state)
         self.connections: set[_Connection] = set()
