@@ -75,3 +75,4 @@ def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandl
         handler._office.stop()
         handler._heartbeats.stop()
         handler._presence.close()
+        handler._bootstrap.shutdown()
