@@ -23,6 +23,7 @@ keeps the machine's file. The results say which, and how many stalls were seen.
 
     python benchmarks/storm_bench.py                       # 4096/8 and 8192/16, 3 trials each
     python benchmarks/storm_bench.py --sizes 1024/4 --trials 2
+    python benchmarks/storm_bench.py --sizes 8192/16 --trials 1 --profile /tmp/storm.txt
 
 Every process it starts is ended before it exits, also on failure.
 """
@@ -34,6 +35,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,45 +60,49 @@ _UNIQUE_ID = b"u" * 128  # the size of NCCL's unique id
 # -- the client processes ---------------------------------------------------------
 def client_main(count: int) -> None:
     """A client process: per ``go HOST PORT TOTAL`` line, ``count`` workers storm the store."""
-    import torch.distributed as dist  # noqa: PLC0415 - only in the client processes
+    import torch.distributed as dist
 
     print("ready", flush=True)
     for line in sys.stdin:
-        _, host, port_text, total_text = line.split()
-        port, total = int(port_text), int(total_text)
-        go = time.monotonic()
-        connected = [0.0] * count
-        done = [0.0] * count
-        errors: list[str] = []
-        stores: list[Any] = []
+        _, host, port, total = line.split()
+        print(json.dumps(storm(dist.TCPStore, host, int(port), int(total), count)), flush=True)
 
-        def worker(index: int, port: int = port, total: int = total, go: float = go) -> None:
-            try:
-                store = dist.TCPStore(
-                    host, port, is_master=False, wait_for_workers=False, timeout=_CLIENT_TIMEOUT
-                )
-                connected[index] = time.monotonic() - go
-                if store.add("workers", 1) == total:
-                    store.set("unique_id", _UNIQUE_ID)
-                assert store.get("unique_id") == _UNIQUE_ID
-                done[index] = time.monotonic() - go
-                stores.append(store)  # closed once every worker is done
-            except Exception as exc:  # noqa: BLE001 - reported to the bench
-                errors.append(f"{type(exc).__name__}: {exc}")
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        stores.clear()
-        report = {
-            "connects": sorted(connected),
-            "last_done": max(done),
-            "errors": errors[:5],
-            "failed": len(errors),
-        }
-        print(json.dumps(report), flush=True)
+def storm(store_class: Any, host: str, port: int, total: int, count: int) -> dict[str, Any]:
+    """``count`` workers (threads) connect, add, and wait for the key the last one sets."""
+    go = time.monotonic()
+    connected = [0.0] * count
+    done = [0.0] * count
+    errors: list[str] = []
+    stores: list[Any] = []
+
+    def worker(index: int) -> None:
+        try:
+            store = store_class(
+                host, port, is_master=False, wait_for_workers=False, timeout=_CLIENT_TIMEOUT
+            )
+            connected[index] = time.monotonic() - go
+            if store.add("workers", 1) == total:
+                store.set("unique_id", _UNIQUE_ID)
+            if store.get("unique_id") != _UNIQUE_ID:
+                raise ValueError("a wrong unique id")
+            done[index] = time.monotonic() - go
+            stores.append(store)  # closed once every worker is done
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stores.clear()
+    return {
+        "connects": sorted(connected),
+        "last_done": max(done),
+        "errors": errors[:5],
+        "failed": len(errors),
+    }
 
 
 # -- the servers ----------------------------------------------------------------
@@ -111,8 +117,8 @@ class OurServer:
 
     name = "ours"
 
-    def __init__(self, prefix: list[str]) -> None:  # noqa: ARG002 - it looks nothing up
-        from tp_rdzv_dynamic.node.bootstrap_process import BootstrapProcess  # noqa: PLC0415
+    def __init__(self, prefix: list[str]) -> None:
+        from tp_rdzv_dynamic.node.bootstrap_process import BootstrapProcess
 
         self._process = BootstrapProcess()
         self.port = self._process.host("127.0.0.1")
@@ -206,16 +212,35 @@ class Clients:
             proc.wait()
 
 
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling process ``pid`` into ``out`` (a flame graph's folded stacks) until
+    interrupted."""
+    command = ["py-spy", "record", "--pid", str(pid), "--output", str(out), "--format", "raw"]
+    proc = subprocess.Popen([*command, "--rate", "250", "--nonblocking"])
+    time.sleep(1.0)  # py-spy attaches before the storm starts
+    return proc
+
+
 def trial(
-    server_class: type[OurServer | TorchServer], clients: Clients, total: int, prefix: list[str]
+    server_class: type[OurServer | TorchServer],
+    clients: Clients,
+    total: int,
+    prefix: list[str],
+    profile: Path | None,
 ) -> dict[str, Any]:
     server = server_class(prefix)
+    sampler = None
     try:
+        if profile is not None and server_class is OurServer:
+            sampler = profiler(server.pid, profile)
         before = cpu_seconds(server.pid)
         load = os.getloadavg()[0]
         reports = clients.storm(server.port, total)
         cpu = cpu_seconds(server.pid) - before
     finally:
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait()
         server.close()
     connects = [c for report in reports for c in report["connects"]]
     return {
@@ -231,14 +256,17 @@ def trial(
     }
 
 
-def run_size(workers: int, processes: int, trials: int, prefix: list[str]) -> dict[str, Any]:
+def run_size(
+    workers: int, processes: int, trials: int, prefix: list[str], profile: Path | None
+) -> dict[str, Any]:
     clients = Clients(processes, workers // processes, prefix)
     results: list[dict[str, Any]] = []
     try:
         for index in range(trials):
             order = (OurServer, TorchServer) if index % 2 == 0 else (TorchServer, OurServer)
             for server_class in order:
-                result = trial(server_class, clients, workers, prefix)
+                out = profile and profile.with_name(f"{profile.stem}-{workers}-{index}.txt")
+                result = trial(server_class, clients, workers, prefix, out)
                 print(f"  {workers}/{processes} trial {index}: {json.dumps(result)}", flush=True)
                 results.append(result)
     finally:
@@ -268,12 +296,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the machine's /etc/hosts for the clients (its DNS stalls included)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PATH",
+        help="sample our server with py-spy during its trials (folded stacks, one file each)",
+    )
     args = parser.parse_args(argv)
     if args.client is not None:
         client_main(args.client)
         return 0
     sys.path.insert(0, str(HERE))
-    from hostinfo import host_info, versions  # noqa: PLC0415
+    from hostinfo import host_info, versions
 
     host = host_info()
     sizes = []
@@ -283,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes.split(","):
             workers, processes = map(int, size.split("/"))
             print(f"storm of {workers} workers over {processes} processes", flush=True)
-            sizes.append(run_size(workers, processes, args.trials, prefix or []))
+            sizes.append(run_size(workers, processes, args.trials, prefix or [], args.profile))
     host["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     document = {
         "benchmark": "storm_bench",
@@ -295,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
-    print("| workers / processes | ours (s) | torch (s) | ours/torch | connect phase ours / torch "
-          "(s) | server CPU ours / torch (s) | CPU ratio | DNS stalls ours / torch |")
+    print(
+        "| workers / processes | ours (s) | torch (s) | ours/torch | connect phase ours / torch "
+        "(s) | server CPU ours / torch (s) | CPU ratio | DNS stalls ours / torch |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for s in sizes:
         ours, torch = s["ours"], s["torch"]
