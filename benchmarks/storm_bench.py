@@ -215,7 +215,10 @@ class Clients:
 def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
     """py-spy sampling process ``pid`` into ``out`` (a flame graph's folded stacks) until
     interrupted."""
-    command = ["py-spy", "record", "--pid", str(pid), "--output", str(out), "--format", "raw"]
+    beside = Path(sys.executable).with_name("py-spy")  # in the venv, if not on PATH
+    spy = str(beside) if beside.exists() else "py-spy"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [spy, "record", "--pid", str(pid), "--output", str(out), "--format", "raw"]
     proc = subprocess.Popen([*command, "--rate", "250", "--nonblocking"])
     time.sleep(1.0)  # py-spy attaches before the storm starts
     return proc

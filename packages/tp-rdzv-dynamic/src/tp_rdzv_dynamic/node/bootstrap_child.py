@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -49,6 +50,8 @@ BOOTSTRAP_MEMORY_BUDGET = 64 * 1024 * 1024
 BOOTSTRAP_BACKLOG = 16 * 1024
 
 _PR_SET_PDEATHSIG = 1
+#: Allocations between the collector's youngest-generation passes (Python's default: 700).
+_GC_THRESHOLD = 20_000
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The agent handles Ctrl-C for its process group; this one ends with its stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    # A storm makes tens of thousands of objects per second that live as long as
+    # their connections: scanned less often, they cost the collector less CPU.
+    gc.freeze()
+    gc.set_threshold(_GC_THRESHOLD, 20, 20)
     loop = new_event_loop()
     commands = _Commands(sys.stdout.fileno())
 
