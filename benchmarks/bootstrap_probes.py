@@ -206,9 +206,7 @@ def store_all(placement: str, values: int, seconds: float, workers: int) -> dict
             "dropped": filled["refusals"],
             "agent_rss_before_mib": agent_before,
             "agent_rss_growth_mib": rss_mib(os.getpid()) - agent_before,
-            "child_rss_growth_mib": rss_mib(child) - child_before
-            if child and child_before
-            else None,
+            "child_rss_growth_mib": child_growth,
             "workers_error": handshake(port, workers),
             "load": os.getloadavg()[0],
         }

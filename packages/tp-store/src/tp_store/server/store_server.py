@@ -440,7 +440,8 @@ def _bind(host: str, port: int, backlog: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     try:
         for family, address in addresses:
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so.
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
