@@ -15,7 +15,9 @@ Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
 - the recovery section (``recovery_report.py``): from the results of
   ``restart_bench.py``, ``rdzv_bench.py --recovery`` and ``idle_bench.py``
   and of the same before issue 25 (``results/issue25-baseline/``), with
-  ``recovery-restart.png``.
+  ``recovery-restart.png``;
+- the bootstrap store's section (``bootstrap_report.py``): from the results
+  of ``storm_bench.py`` and ``bootstrap_probes.py``, with ``bootstrap-storm.png``.
 
 Measuring and rendering are separate: ``nox -s bench`` runs both benchmarks
 and then this script, and ``python benchmarks/report.py`` alone regenerates
@@ -32,6 +34,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import bootstrap_report
 import recovery_report
 from metrics import Metric
 from recovery_report import RecoveryRuns
@@ -494,6 +497,9 @@ def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict
     recovery_section = recovery_report.section(recovery, alts)
     if recovery_section:
         add(recovery_section)
+    bootstrap_section = bootstrap_report.section(alts)
+    if bootstrap_section:
+        add(bootstrap_section)
 
     add("## Store: operations per second, storms and memory\n")
     if store is None:
@@ -568,6 +574,9 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     recovery = RecoveryRuns.load()
     out_dir.mkdir(parents=True, exist_ok=True)
     alts, written = recovery_report.write_plots(recovery, out_dir)
+    bootstrap_alts, bootstrap_plots = bootstrap_report.write_plots(out_dir)
+    alts |= bootstrap_alts
+    written += bootstrap_plots
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)
