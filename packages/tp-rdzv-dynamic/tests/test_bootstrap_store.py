@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from handler_threads import wait_until
 
+from tp_rdzv_api import RendezvousParameters
 from tp_rdzv_dynamic.node.bootstrap_child import BOOTSTRAP_LIMITS
 from tp_rdzv_dynamic.node.bootstrap_process import BootstrapProcess
+from tp_rdzv_dynamic.torch_compat.torchrun import create_tp_handler
 from tp_store import StoreConnectionError, TCPStore
 
 #: Bounds for a loaded machine: a Python process may take seconds to start.
@@ -227,3 +229,26 @@ def test_a_client_storing_all_it_can_is_stopped_at_the_budget(process):
     assert worker.get("MASTER_KEY") == b"an early worker's key"
     assert process.exit_status() is None
     worker.close()
+
+
+def test_under_torchrun_the_process_starts_with_the_handler(free_port):
+    # An agent's one handler: its child is ready before the first round it hosts.
+    handler = create_tp_handler(
+        RendezvousParameters(
+            "tp",
+            f"127.0.0.1:{free_port}",
+            "job",
+            min_nodes=1,
+            max_nodes=1,
+            local_addr="127.0.0.1",
+            config={"is_host": True, "last_call_timeout": 0.1},
+        )
+    )
+    try:
+        (child,) = bootstrap_children(os.getpid())
+        info = handler.next_rendezvous()
+        assert bootstrap_children(os.getpid()) == [child]
+        TCPStore("127.0.0.1", info.bootstrap_store_info.port, timeout=10).close()
+    finally:
+        handler.shutdown()
+    wait_until(lambda: not is_running(child), START_TIMEOUT)

@@ -6,7 +6,8 @@ meet keys of an earlier attempt (gloo's addresses, c10d's barriers), as they
 would on the rendezvous store.
 
 The server runs in a child process of the agent (:mod:`.bootstrap_child`),
-started with the first round this node hosts and kept for the next ones: a
+started with the first round this node hosts (under torchrun, with the
+handler) and kept for the next ones: a
 flood of its port cannot delay the agent's keep-alive, what the workers store
 (within :data:`~.bootstrap_child.BOOTSTRAP_LIMITS`) cannot grow the agent's
 memory, and the child dies with the agent.
@@ -63,6 +64,11 @@ class BootstrapServer:
         self._lost_reported = False
         return RendezvousStoreInfo.build(0, round_store, local_addr=addr, server_port=port)
 
+    def prestart(self) -> None:
+        """Start the process now (without waiting for it), not with the first round hosted."""
+        if self._process is None:
+            self._process = self._start()
+
     def lost(self) -> bool:
         """Whether the server of this node's round died with its process (logged once)."""
         process = self._process
@@ -115,11 +121,14 @@ class BootstrapServer:
                 round_=round_,
             )
             process.stop()
+        self._process = self._start()
+        return self._process
+
+    def _start(self) -> BootstrapProcess:
         try:
-            self._process = BootstrapProcess()
+            return BootstrapProcess()
         except OSError as exc:
             raise self._error(f"cannot start its process: {exc}") from exc
-        return self._process
 
     def _error(self, detail: str) -> RendezvousConnectionError:
         return RendezvousConnectionError(
