@@ -22,8 +22,9 @@ import pytest
 from handler_threads import wait_until
 
 from tp_rdzv_api import RendezvousParameters
+from tp_rdzv_dynamic.node import bootstrap_process
 from tp_rdzv_dynamic.node.bootstrap_child import BOOTSTRAP_LIMITS
-from tp_rdzv_dynamic.node.bootstrap_process import BootstrapProcess
+from tp_rdzv_dynamic.node.bootstrap_process import BootstrapProcess, BootstrapProcessError
 from tp_rdzv_dynamic.torch_compat.torchrun import create_tp_handler
 from tp_store import StoreConnectionError, TCPStore
 
@@ -252,3 +253,16 @@ def test_under_torchrun_the_process_starts_with_the_handler(free_port):
     finally:
         handler.shutdown()
     wait_until(lambda: not is_running(child), START_TIMEOUT)
+
+
+def test_a_child_that_does_not_answer_is_ended(monkeypatch):
+    child = BootstrapProcess()
+    try:
+        child.host("127.0.0.1")  # started: within the usual bound
+        monkeypatch.setattr(bootstrap_process, "ANSWER_TIMEOUT", 1.0)
+        os.kill(child.pid, signal.SIGSTOP)  # hung: its answer could come late
+        with pytest.raises(BootstrapProcessError, match="did not answer within 1 s"):
+            child.host("127.0.0.1")
+        assert child.exit_status() is not None  # never asked again
+    finally:
+        child.stop()

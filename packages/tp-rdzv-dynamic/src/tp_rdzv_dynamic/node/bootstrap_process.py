@@ -85,6 +85,8 @@ class BootstrapProcess:
         assert stdout is not None
         ready, _, _ = select.select([stdout], [], [], ANSWER_TIMEOUT)
         if not ready:
+            # Its answer may still come, and be taken for the next command's: end it.
+            self.stop()
             raise BootstrapProcessError(
                 f"the bootstrap store's process (pid {self.pid}) did not answer "
                 f"within {ANSWER_TIMEOUT:g} s"
