@@ -32,9 +32,10 @@ from tp_store import StoreConnectionError, TCPStore
 START_TIMEOUT = 60.0
 
 
-def bootstrap_children(parent: int) -> list[int]:
-    """The pids of ``parent``'s bootstrap store processes that are alive."""
-    found = []
+def bootstrap_children(parent: int) -> set[int]:
+    """The pids of ``parent``'s bootstrap store processes that are alive (other tests'
+    handlers, never shut down, may still have theirs: compare before and after)."""
+    found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -46,7 +47,7 @@ def bootstrap_children(parent: int) -> list[int]:
         # The fields after the command name (in parentheses): state, ppid.
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
         if int(ppid) == parent and state != "Z" and b"bootstrap_child" in cmdline:
-            found.append(int(entry.name))
+            found.add(int(entry.name))
     return found
 
 
@@ -85,12 +86,13 @@ def test_each_round_gets_an_empty_store_from_the_same_process(process):
 
 
 def test_the_handler_hosts_in_one_child_for_all_its_rounds(make_node):
+    others = bootstrap_children(os.getpid())
     handler = make_node(1, 1)
     first = handler.next_rendezvous().bootstrap_store_info
-    (child,) = bootstrap_children(os.getpid())
+    (child,) = bootstrap_children(os.getpid()) - others
     second = handler.next_rendezvous().bootstrap_store_info
     assert second.port != first.port
-    assert bootstrap_children(os.getpid()) == [child]
+    assert bootstrap_children(os.getpid()) - others == {child}
     worker = TCPStore(second.master_addr, second.port, timeout=10)
     worker.set("k", "v")
     worker.close()
@@ -99,9 +101,10 @@ def test_the_handler_hosts_in_one_child_for_all_its_rounds(make_node):
 
 
 def test_the_agent_notices_its_bootstrap_store_died_and_redoes_the_round(make_node, caplog):
+    others = bootstrap_children(os.getpid())
     handler = make_node(1, 1)
     handler.next_rendezvous()
-    (child,) = bootstrap_children(os.getpid())
+    (child,) = bootstrap_children(os.getpid()) - others
     assert handler.num_nodes_waiting() == 0
     os.kill(child, signal.SIGKILL)
     # torch's agent restarts its workers when nodes wait: the round is redone.
@@ -234,6 +237,7 @@ def test_a_client_storing_all_it_can_is_stopped_at_the_budget(process):
 
 def test_under_torchrun_the_process_starts_with_the_handler(free_port):
     # An agent's one handler: its child is ready before the first round it hosts.
+    others = bootstrap_children(os.getpid())
     handler = create_tp_handler(
         RendezvousParameters(
             "tp",
@@ -246,9 +250,9 @@ def test_under_torchrun_the_process_starts_with_the_handler(free_port):
         )
     )
     try:
-        (child,) = bootstrap_children(os.getpid())
+        (child,) = bootstrap_children(os.getpid()) - others
         info = handler.next_rendezvous()
-        assert bootstrap_children(os.getpid()) == [child]
+        assert bootstrap_children(os.getpid()) - others == {child}
         TCPStore("127.0.0.1", info.bootstrap_store_info.port, timeout=10).close()
     finally:
         handler.shutdown()
@@ -266,3 +270,22 @@ def test_a_child_that_does_not_answer_is_ended(monkeypatch):
         assert child.exit_status() is not None  # never asked again
     finally:
         child.stop()
+
+
+def test_an_agent_with_many_descriptors_hosts(tmp_path):
+    # select() cannot watch a descriptor past 1024; an agent's connections may push its
+    # pipes there.
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+            if held[-1] > 1100:
+                break
+        child = BootstrapProcess()
+        try:
+            TCPStore("127.0.0.1", child.host("127.0.0.1"), timeout=10).close()
+        finally:
+            child.stop()
+    finally:
+        for fd in held:
+            os.close(fd)

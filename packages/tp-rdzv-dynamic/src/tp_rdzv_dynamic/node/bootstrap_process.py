@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -83,7 +83,10 @@ class BootstrapProcess:
     def _answer(self) -> str:
         stdout = self._process.stdout
         assert stdout is not None
-        ready, _, _ = select.select([stdout], [], [], ANSWER_TIMEOUT)
+        # Not select.select: an agent with many connections has descriptors past its 1024.
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            ready = selector.select(ANSWER_TIMEOUT)
         if not ready:
             # Its answer may still come, and be taken for the next command's: end it.
             self.stop()
