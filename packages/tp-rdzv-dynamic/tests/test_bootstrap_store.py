@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -289,3 +290,17 @@ def test_an_agent_with_many_descriptors_hosts(tmp_path):
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_the_node_keeps_alive_while_its_child_is_slow_to_answer(process):
+    process.host("127.0.0.1")
+    os.kill(process.pid, signal.SIGSTOP)  # slow as a child starting on a loaded machine
+    resume = threading.Timer(1.0, os.kill, (process.pid, signal.SIGCONT))
+    resume.start()
+    beats: list[float] = []
+    try:
+        port = process.host("127.0.0.1", beats.append, 0.1)
+    finally:
+        resume.join()
+    assert len(beats) >= 3  # about ten in that second
+    TCPStore("127.0.0.1", port, timeout=10).close()

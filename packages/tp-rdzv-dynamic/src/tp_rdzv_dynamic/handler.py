@@ -395,7 +395,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died before publishing."""
         round_store = PrefixStore(self._board.keys.round_store(outcome.round), self._store)
         if rank == 0:
-            bootstrap = self._bootstrap.host(round_store, outcome.round)
+            bootstrap = self._bootstrap.host(
+                round_store, outcome.round, keep_alive=self._keep_alive, tick=self._tick
+            )
         else:
             found = await_bootstrap_info(
                 rank,

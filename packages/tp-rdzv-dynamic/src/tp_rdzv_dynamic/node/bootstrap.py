@@ -43,8 +43,17 @@ class BootstrapServer:
         self._round: int | None = None  # the round whose workers it serves
         self._lost_reported = False
 
-    def host(self, round_store: Store, round_: int) -> RendezvousStoreInfo:
+    def host(
+        self,
+        round_store: Store,
+        round_: int,
+        keep_alive: Callable[[float], object],
+        tick: float,
+    ) -> RendezvousStoreInfo:
         """Start an empty server for the workers of ``round_``; the address to publish.
+
+        ``keep_alive(now)`` runs every ``tick`` seconds while the child is slow
+        to answer (starting, on a loaded machine): the node stays alive meanwhile.
 
         Raises ``RendezvousConnectionError`` when ``local_addr`` cannot be
         bound (never a fallback to every interface) or the child fails.
@@ -54,7 +63,7 @@ class BootstrapServer:
             raise self._error(f"cannot listen on local_addr {addr!r}: not a host name or address")
         process = self._running_process(round_)
         try:
-            port = process.host(addr)
+            port = process.host(addr, keep_alive, tick)
         except BootstrapProcessError as exc:
             raise self._error(
                 f"{exc} (local_addr must name an address of this host; the workers' bootstrap "

@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
+from collections.abc import Callable
 
 from tp_store.security import SECRET_ENV, SECRET_FILE_ENV
 
@@ -18,6 +20,10 @@ from tp_store.security import SECRET_ENV, SECRET_FILE_ENV
 ANSWER_TIMEOUT = 60.0
 #: Seconds the child may take to exit once told to, before it is killed.
 _EXIT_TIMEOUT = 5.0
+
+
+def _idle(now: float) -> None:
+    """No keep-alive while waiting."""
 
 
 class BootstrapProcessError(Exception):
@@ -50,10 +56,16 @@ class BootstrapProcess:
         """``None`` while it runs; else its exit code (negative: the signal that ended it)."""
         return self._process.poll()
 
-    def host(self, addr: str) -> int:
-        """Serve an empty store on ``addr``; its port (the last round's server is closed)."""
+    def host(
+        self, addr: str, keep_alive: Callable[[float], object] = _idle, tick: float = 1.0
+    ) -> int:
+        """Serve an empty store on ``addr``; its port (the last round's server is closed).
+
+        While it waits for the answer (the child may still be starting),
+        ``keep_alive(now)`` runs every ``tick`` seconds: the node heartbeats.
+        """
         self._send(f"host {addr}")
-        answer = self._answer()
+        answer = self._answer(keep_alive, tick)
         kind, _, detail = answer.partition(" ")
         if kind == "port" and detail.isdigit():
             return int(detail)
@@ -80,13 +92,18 @@ class BootstrapProcess:
         except OSError as exc:
             raise self._died(f"({exc})") from exc
 
-    def _answer(self) -> str:
+    def _answer(self, keep_alive: Callable[[float], object], tick: float) -> str:
         stdout = self._process.stdout
         assert stdout is not None
+        deadline = time.monotonic() + ANSWER_TIMEOUT
         # Not select.select: an agent with many connections has descriptors past its 1024.
         with selectors.DefaultSelector() as selector:
             selector.register(stdout, selectors.EVENT_READ)
-            ready = selector.select(ANSWER_TIMEOUT)
+            while not (ready := selector.select(min(tick, max(deadline - time.monotonic(), 0)))):
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                keep_alive(now)
         if not ready:
             # Its answer may still come, and be taken for the next command's: end it.
             self.stop()
