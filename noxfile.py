@@ -3,8 +3,9 @@
 `nox` runs the default sessions (the README's test command), which include
 building the documentation site with warnings as errors and building every
 distribution; `nox -s bench` runs the benchmarks and writes their report;
-`nox -s fuzz` and `nox -s chaos` run the fuzzers and the chaos trials at length
-(the integration session runs them briefly). Sessions use the interpreter nox
+`nox -s fuzz`, `nox -s chaos` and `nox -s hostile` run the fuzzers, the chaos
+trials and the property tests of every decoder of store data at length (the
+default sessions run them briefly). Sessions use the interpreter nox
 runs on; the GitHub matrix provides the other Python versions.
 """
 
@@ -306,6 +307,28 @@ def fuzz(session: nox.Session) -> None:
         options["seconds"],
         "--seed",
         options["seed"],
+    )
+
+
+@nox.session(default=False)
+def hostile(session: nox.Session) -> None:
+    """The property tests of every decoder of store data at length (the default test
+    command runs them briefly).
+
+    ``nox -s hostile -- --examples 5000``: examples per property (hypothesis),
+    for the documents, PyTorch's state, node fields, FileStore files and the
+    steward fed batches of hostile messages (1 in 20 of the examples).
+    """
+    options = _options(session, {"examples": "5000"})
+    session.install(*TEST_TOOLS, *_local("tp-rdzv-dynamic", "tp-store", extras="[test]"))
+    session.run(
+        "pytest",
+        "packages/tp-rdzv-dynamic/tests/test_decoder_properties.py",
+        "packages/tp-rdzv-dynamic/tests/test_hostile_store.py",
+        "packages/tp-store/tests/test_file_store_properties.py",
+        "-p",
+        "no:cacheprovider",
+        env={"TP_HOSTILE_EXAMPLES": options["examples"]},
     )
 
 

@@ -6,7 +6,10 @@ job), every ``--interval`` seconds, the nodes' turns spread evenly over it:
 
 - ``sessions``: each node holds a store session (an etcd lease) with a
   presence key and a will, and calls ``keep_alive()`` (``LeaseKeepAlive``,
-  served by the leader from memory);
+  served by the leader from memory), on its process's gRPC stream (the
+  default, ``tp_rdzv_etcd.lease_stream``);
+- ``sessions-gateway``: the same, each keep-alive a request through etcd's
+  JSON gateway (``lease_transport="gateway"``);
 - ``heartbeats``: each node ``add``s 1 to its heartbeat counter (a
   transaction through raft: a write to etcd's log), as the dynamic
   rendezvous's polled counters do without sessions.
@@ -47,6 +50,8 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: What a node does to tell etcd it lives (see the module's docstring).
+MODES = ("sessions", "sessions-gateway", "heartbeats")
 #: The sessions' timeout: long enough to outlast setting up every node on a loaded
 #: machine (a keep-alive costs etcd the same whatever the TTL).
 SESSION_TIMEOUT = 120.0
@@ -65,9 +70,10 @@ def run_nodes(
     *, mode: str, endpoints: str, prefix: str, first: int, count: int, interval: float
 ) -> None:
     """``count`` nodes of one process: set up, say ``ready``, then beat until stdin closes."""
-    store = EtcdStore(endpoints, prefix, timeout=60)
+    transport = "gateway" if mode == "sessions-gateway" else "auto"
+    store = EtcdStore(endpoints, prefix, timeout=60, lease_transport=transport)
     names = [f"node{first + index}" for index in range(count)]
-    if mode == "sessions":
+    if mode.startswith("sessions"):
         sessions = []
         for name in names:
             session = store.open_session(SESSION_TIMEOUT)
@@ -245,13 +251,14 @@ def main() -> None:
                         interval=args.interval,
                         window=args.window,
                     )
-                    for mode in ("sessions", "heartbeats")
+                    for mode in MODES
                 ],
             }
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    sessions, heartbeats = (mode["etcd_cpu_ms_per_s"] for mode in results["modes"])
-    results["heartbeats_over_sessions"] = round(float(heartbeats) / max(float(sessions), 1e-9), 2)
+    sessions, gateway, heartbeats = (float(mode["etcd_cpu_ms_per_s"]) for mode in results["modes"])
+    results["heartbeats_over_sessions"] = round(heartbeats / max(sessions, 1e-9), 2)
+    results["gateway_over_grpc_sessions"] = round(gateway / max(sessions, 1e-9), 2)
     print(json.dumps(results, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -2,9 +2,10 @@
 """What an idle job costs its store: server CPU per second once a round is done.
 
 N nodes over P processes (``spread.py``'s node processes: every node its own
-handler and store connection, the default settings: keep-alive every 5 s, 3
-attempts) complete a first round, then sit idle as a training job's agents do
-between rounds: each handler's keep-alive thread runs, nothing else calls it.
+handler, store connection and presence session, as one node per process has;
+the default settings: keep-alive every 5 s, 3 attempts) complete a first
+round, then sit idle as a training job's agents do between rounds: each
+handler's keep-alive thread runs, nothing else calls it.
 After ``--settle`` seconds the bench reads the store process's CPU time from
 ``/proc/<pid>/stat`` for ``--seconds`` seconds (as ms of CPU per second), with
 the node processes' CPU, our server's requests per second and the load
@@ -142,6 +143,8 @@ def idle_run(store: str, args: argparse.Namespace) -> dict[str, Any]:
         "max_nodes": args.nodes,
         "config": ROUND_CONFIG,
         "timeout": args.timeout,
+        # Each node pings its own session, as one node per process does when deployed.
+        "session_per_node": True,
     }
     with store_process(store, args.timeout, args.etcd_binary) as server:
         group = SpreadGroup(server, args.timeout, None)

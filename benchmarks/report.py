@@ -12,6 +12,8 @@ Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
 - ``rendezvous-spread-returns.png``: for each spread case (N nodes over P
   processes, the server alone), every node's time from the start signal to
   its return, as a histogram: where the round's tail is;
+- the etcd section (``etcd_report.py``): the round on etcd at job scale,
+  from ``etcd_round.py``'s results, with ``etcd-round.png``;
 - the recovery section (``recovery_report.py``): from the results of
   ``restart_bench.py``, ``rdzv_bench.py --recovery`` and ``idle_bench.py``
   and of the same before issue 25 (``results/issue25-baseline/``), with
@@ -35,7 +37,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import bootstrap_report
+import etcd_report
 import recovery_report
+import scale_report
 from metrics import Metric
 from recovery_report import RecoveryRuns
 from report_parts import (
@@ -494,12 +498,20 @@ def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict
         )
         add(spread_table(rdzv) + "\n")
 
+    scale_section = scale_report.section(scale_report.load(), alts)
+    if scale_section:
+        add(scale_section)
+
     recovery_section = recovery_report.section(recovery, alts)
     if recovery_section:
         add(recovery_section)
     bootstrap_section = bootstrap_report.section(alts)
     if bootstrap_section:
         add(bootstrap_section)
+
+    etcd_section = etcd_report.section(alts.get(etcd_report.PNG, ""))
+    if etcd_section:
+        add(etcd_section)
 
     add("## Store: operations per second, storms and memory\n")
     if store is None:
@@ -577,6 +589,12 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     bootstrap_alts, bootstrap_plots = bootstrap_report.write_plots(out_dir)
     alts |= bootstrap_alts
     written += bootstrap_plots
+    alts[etcd_report.PNG], etcd_plots = etcd_report.write_plot(out_dir)
+    written += etcd_plots
+    scale = scale_report.load()
+    if scale is not None:
+        alts[scale_report.SCALE_PNG] = scale_report.plot(scale, out_dir / scale_report.SCALE_PNG)
+        written.append(out_dir / scale_report.SCALE_PNG)
     if rdzv is not None:
         alts[RDZV_PNG] = plot_rendezvous(rdzv, out_dir / RDZV_PNG)
         written.append(out_dir / RDZV_PNG)

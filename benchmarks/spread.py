@@ -17,6 +17,14 @@ the kill to the last survivor's return, the detection the time from the kill
 to the steward's record of the last victim's removal (``departures.py``: every
 node process notes those records and reports them when asked).
 
+The round's time is split with the steward's records (``round_decided``,
+``round_complete``, noted by the process that holds the steward): *joins*, from
+the start signal until the steward began the batch that completed the round;
+*decision*, that batch decided and the state saved; *answers*, from then until
+the last node returned (the round's roster, answers and outcome written,
+``publish``, and every node woken, reading its answer, returning). The server's
+bytes sent in the round come from its STATS.
+
 Node processes are this file run as a script (``spread.py node ...``). With
 ``profile`` (a directory), every node process and the server run under
 ``py-spy record`` (collapsed stacks, ``node-<slot>.txt`` and ``server.txt``).
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import queue
 import resource
@@ -98,6 +107,10 @@ class SpreadResult:
     nodes_cpu: float  # all node processes' CPU seconds over the round
     load: list[float] | None  # load averages at the end
     ops: dict[str, int] = field(default_factory=dict)  # our server's requests in the round
+    nodes: int = 0  # the round's size
+    bytes_sent: int | None = None  # our server's bytes sent in the round
+    split: dict[str, float] = field(default_factory=dict)  # joins, decision, publish, answers
+    removed: list[str] = field(default_factory=list)  # nodes a removal record named in the round
     recovery: float | None = None  # kill case: from the kill to the last survivor's return
     detection: float | None = None  # kill case: from the kill to the last victim's removal
     detected: int = 0  # kill case: how many victims a removal record named
@@ -111,6 +124,15 @@ class SpreadResult:
             "nodes_cpu": round(self.nodes_cpu, 3),
             "load": self.load,
             "ops": self.ops,
+            "nodes": self.nodes,
+            "server_cpu_ms_per_node": round(1000 * self.server_cpu / self.nodes, 4),
+            "nodes_cpu_ms_per_node": round(1000 * self.nodes_cpu / self.nodes, 4),
+            "bytes_sent": self.bytes_sent,
+            "bytes_sent_per_node": (
+                None if self.bytes_sent is None else round(self.bytes_sent / self.nodes)
+            ),
+            "split": {name: round(value, 4) for name, value in self.split.items()},
+            "removed": self.removed,
             "recovery": None if self.recovery is None else round(self.recovery, 4),
             "detection": None if self.detection is None else round(self.detection, 4),
             "detected": self.detected,
@@ -126,13 +148,15 @@ class StoreProcess:
 
     ``store`` is the client the nodes open: ``tcp`` (a TCPStore of ``impl``) or
     ``etcd`` (an ``EtcdStore``, ``endpoint`` being its URLs); ``requests``
-    reads our server's request counts by operation, when it is ours.
+    reads our server's request counts by operation, ``sent`` its bytes sent,
+    when it is ours.
     """
 
     endpoint: str
     pid: int
     store: str = "tcp"
     requests: Callable[[], dict[str, int]] | None = None
+    sent: Callable[[], int] | None = None
 
 
 class RequestCounts:
@@ -146,6 +170,9 @@ class RequestCounts:
 
     def __call__(self) -> dict[str, int]:
         return dict(self._client.server_stats()["ops"])
+
+    def bytes_sent(self) -> int:
+        return self._client.server_stats()["bytes_sent"]
 
     def close(self) -> None:
         self._client.close()
@@ -178,13 +205,36 @@ def collect(
     return found
 
 
+def round_split(records: Sequence[dict], started: float, last: float) -> dict[str, float]:
+    """The round's time split from the steward's records (see the module's note);
+    empty when no process logged them (torch)."""
+    decided = [r for r in records if r["action"] == "round_decided"]
+    complete = [r for r in records if r["action"] == "round_complete"]
+    if not decided or not complete:
+        return {}
+    first = min(decided, key=lambda record: record["monotonic"])
+    decision_began = first["monotonic"] - first["duration"]
+    return {
+        "joins": decision_began - started,
+        "decision": first["duration"],
+        "publish": min(complete, key=lambda record: record["monotonic"])["duration"],
+        "answers": last - first["monotonic"],
+    }
+
+
 def split(count: int, parts: int) -> list[int]:
     """``count`` nodes over ``parts`` processes, as evenly as can be."""
     return [count // parts + (1 if index < count % parts else 0) for index in range(parts)]
 
 
 def run_spread(
-    impl: str, case: SpreadCase, timeout: float, run_id: str, profile: Path | None = None
+    impl: str,
+    case: SpreadCase,
+    timeout: float,
+    run_id: str,
+    profile: Path | None = None,
+    *,
+    switch_interval: float | None = None,
 ) -> SpreadResult:
     """Run ``case`` for ``impl``; raises ``TimeoutError`` past ``timeout`` seconds a round."""
     min_nodes = case.nodes - case.victims
@@ -198,9 +248,19 @@ def run_spread(
         "config": KILL_CONFIG if case.victims else ROUND_CONFIG,
         "timeout": timeout,
     }
+    if switch_interval is not None:
+        spec["switch_interval"] = switch_interval
+    if case.victims:
+        # The kill case times departures: each dead node's own session ends, as deployed.
+        spec["session_per_node"] = True
     with start_server(impl, timeout) as server:
         requests = RequestCounts(server.host, server.port) if impl == "ours" else None
-        store = StoreProcess(f"{server.host}:{server.port}", server.proc.pid, requests=requests)
+        store = StoreProcess(
+            f"{server.host}:{server.port}",
+            server.proc.pid,
+            requests=requests,
+            sent=None if requests is None else requests.bytes_sent,
+        )
         group = SpreadGroup(store, timeout, profile)
         try:
             for count in [*counts, *victims]:
@@ -245,6 +305,8 @@ class SpreadGroup:
         """Every node's first round, from one start signal; verified."""
         requests = self.server.requests or dict
         ops_before = requests()
+        sent = self.server.sent or (lambda: 0)
+        sent_before = sent()
         server_cpu = process_cpu_seconds(self.server.pid)
         started = time.monotonic()
         for node in self.nodes:
@@ -252,8 +314,23 @@ class SpreadGroup:
         joined = self.collect("joined", self.slots, self.timeout)
         server_cpu = process_cpu_seconds(self.server.pid) - server_cpu
         ops = requests()
+        # Less the STATS replies of this bench (a few hundred bytes each).
+        bytes_sent = sent() - sent_before if self.server.sent else None
         returns = sorted(at - started for message in joined.values() for at in message["at"])
         self._verify(joined, size)
+        records = [record for message in joined.values() for record in message.get("rounds", [])]
+        # Every node of the round is alive: a removal of one in it is a false death.
+        for slot in self.slots:
+            self.nodes[slot].tell("departures")
+        reported = self.collect("departures", self.slots, self.timeout)
+        removed = sorted(
+            {
+                item["node"]
+                for message in reported.values()
+                for item in message["records"]
+                if Departure.from_json(item).is_removal
+            }
+        )
         return SpreadResult(
             first=returns[0],
             last=returns[-1],
@@ -262,6 +339,10 @@ class SpreadGroup:
             nodes_cpu=sum(message["cpu"] for message in joined.values()),
             load=load_average(),
             ops={op: count - ops_before.get(op, 0) for op, count in ops.items() if count},
+            nodes=size,
+            bytes_sent=bytes_sent,
+            split=round_split(records, started, started + returns[-1]),
+            removed=removed,
         )
 
     def recover(self, result: SpreadResult, victims: Sequence[int], survivors: int) -> None:
@@ -336,6 +417,21 @@ class SpreadGroup:
 # -- the node process's side --------------------------------------------------------------
 
 
+def model_one_node_per_process() -> None:
+    """Give every node of this process a presence session of its own.
+
+    The nodes of a run in one process share one session (``node/shared.py``),
+    which a real deployment, one node per process, never does: there each node
+    opens its own session and pings it every keep-alive interval. A bench whose
+    figure is the store's cost per node (pings, departures) must model that.
+    """
+    from tp_rdzv_dynamic.node import shared
+
+    if not hasattr(shared, "MAX_NODES_PER_SESSION"):
+        raise RuntimeError("tp_rdzv_dynamic.node.shared no longer has MAX_NODES_PER_SESSION")
+    shared.MAX_NODES_PER_SESSION = 1
+
+
 def node_main(spec: dict[str, Any]) -> int:
     """``spec["count"]`` nodes, each on a thread and a connection of its own; obey stdin.
 
@@ -348,8 +444,18 @@ def node_main(spec: dict[str, Any]) -> int:
     """
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     threading.stack_size(256 * 1024)
+    if "switch_interval" in spec:
+        sys.setswitchinterval(spec["switch_interval"])
+    if spec.get("session_per_node"):
+        model_one_node_per_process()
     noted: list[Departure] = []
     watch_departures(noted.append, with_torch=spec["impl"] == "torch")
+    if spec.get("count_requests"):
+        from etcd_requests import count_requests
+
+        count_requests()
+    round_records: list[dict[str, Any]] = []
+    logging.getLogger("tp_rdzv_dynamic").addHandler(_RoundRecords(round_records.append))
     handlers = [_make_handler(spec) for _ in range(spec["count"])]
     rounds = [threading.Semaphore(0) for _ in handlers]
     done: queue.Queue[tuple[float, Any, str | None]] = queue.Queue()
@@ -378,6 +484,10 @@ def node_main(spec: dict[str, Any]) -> int:
             send_message("watching")
         elif command == "changes":
             send_message("changes", nodes=len(changed))
+        elif command == "requests":
+            from etcd_requests import take_counts
+
+            send_message("requests", counts=take_counts())
         if command != "next":
             continue
         cpu = _cpu_seconds()
@@ -396,12 +506,30 @@ def node_main(spec: dict[str, Any]) -> int:
             ranks=[info.rank for info in infos],
             world_sizes=[info.world_size for info in infos],
             cpu=cpu,
+            rounds=round_records,
         )
         # The participant lists are compared once every process has reported:
         # hashing them here would take CPU from the nodes still in the round.
+        # Ours read them from the round's roster, once per process: one digest
+        # per process (and per round) says what every node of it was told.
         if sys.stdin.readline().strip() == "digest":
-            send_message("digests", participants=sorted({_digest(info) for info in infos} - {None}))
+            per_round = {info.world_size: info for info in infos}.values()
+            send_message("digests", participants=sorted({_digest(i) for i in per_round} - {None}))
     os._exit(0)  # no shutdown: that closes the rendezvous, which is not what is measured
+
+
+class _RoundRecords(logging.Handler):
+    """Notes the steward's ``round_decided`` and ``round_complete`` records (ours)."""
+
+    def __init__(self, note: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(logging.INFO)
+        self._note = note
+
+    def emit(self, record: logging.LogRecord) -> None:
+        action = getattr(record, "action", None)
+        if action in {"round_decided", "round_complete"}:
+            duration = getattr(record, "duration", 0.0)
+            self._note({"action": action, "monotonic": time.monotonic(), "duration": duration})
 
 
 def _watch(handler: Any, index: int, changed: list[int]) -> None:

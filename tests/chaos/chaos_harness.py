@@ -51,7 +51,7 @@ every node logs ``round_complete`` with a digest of the committed membership
 (JSON lines, one file per node, read after the trial). Two digests for one
 round, two nodes told different participant lists for one round, a node told
 a list whose digest differs from the committed one, or (store alive) a
-survivor's list differing from the published outcome ``tp_rdzv/<run>/result/
+survivor's list differing from the published roster ``tp_rdzv/<run>/roster/
 <round>`` each count as a split brain.
 
 Everything a trial does follows from its seed and index
@@ -83,7 +83,7 @@ from typing import Any
 
 from dynamic_node import NodeProcess
 
-from tp_rdzv_dynamic.documents.codecs import decode_outcome
+from tp_rdzv_dynamic.documents.answers import decode_roster
 from tp_rdzv_dynamic.events import participants_digest
 from tp_store import StoreError, TCPStore
 
@@ -904,11 +904,12 @@ class Trial:
             if isinstance(answer.get("round"), int):
                 told[answer["round"]].add(tuple(answer["participants"]))
         for round_, lists in sorted(told.items()):
-            key = self.key(f"result/{round_}")
-            raw = self.store_call("reading an outcome", lambda s, key=key: s.get(key))
+            # The roster is written before the outcome: a round a node was told of has one.
+            key = self.key(f"roster/{round_}")
+            raw = self.store_call("reading a roster", lambda s, key=key: s.get(key))
             if raw is None:
                 continue
-            published = tuple(str(node) for node in decode_outcome(raw, key).participants)
+            published = tuple(str(node) for node in decode_roster(raw, key).participants)
             for members in lists - {published}:
                 self.result.split_brains.append(
                     f"round {round_}: nodes were told {list(members)}, the store published "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,12 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 import dynamic_node  # noqa: E402
-from handler_threads import make_handler  # noqa: E402
+from handler_threads import (  # noqa: E402
+    make_handler,
+    recorded_thread_deaths,
+    running_server,
+    stop_handler,
+)
 
 from tp_rdzv_dynamic import DynamicRendezvousHandler  # noqa: E402
 from tp_store import TCPStore  # noqa: E402
@@ -51,9 +57,8 @@ def spawn_node() -> Iterator[Callable[..., dynamic_node.NodeProcess]]:
 @pytest.fixture
 def server() -> Iterator[TCPStore]:
     """A real TCPStore server on loopback."""
-    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
-    yield master
-    master.close()
+    with running_server() as master:
+        yield master
 
 
 @pytest.fixture
@@ -72,7 +77,12 @@ def make_node(server: TCPStore) -> Iterator[Callable[..., DynamicRendezvousHandl
 
     yield make
     for handler in handlers:
-        handler._office.stop()
-        handler._heartbeats.stop()
-        handler._presence.close()
-        handler._bootstrap.shutdown()
+        stop_handler(handler)
+
+
+@pytest.fixture
+def thread_deaths() -> Iterator[list[threading.ExceptHookArgs]]:
+    """The threads that die of an exception during the test (the list stays empty)."""
+    deaths: list[threading.ExceptHookArgs] = []
+    with recorded_thread_deaths(deaths):
+        yield deaths

@@ -6,9 +6,11 @@ The fixtures ``server`` and ``make_node`` (in ``conftest.py``) build on
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from tp_rdzv_api import RendezvousInfo, RendezvousTimeout
 from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
@@ -59,3 +61,33 @@ def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+def stop_handler(handler: DynamicRendezvousHandler) -> None:
+    """Stop ``handler``'s threads (its steward, heartbeats and presence) and its
+    bootstrap store's process, without closing."""
+    handler._office.stop()
+    handler._heartbeats.stop()
+    handler._presence.close()
+    handler._bootstrap.shutdown()
+
+
+@contextmanager
+def running_server() -> Iterator[TCPStore]:
+    """A real TCPStore server on loopback, closed on leaving."""
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=10)
+    try:
+        yield master
+    finally:
+        master.close()
+
+
+@contextmanager
+def recorded_thread_deaths(deaths: list[threading.ExceptHookArgs]) -> Iterator[None]:
+    """Collect into ``deaths`` every thread that ends with an exception meanwhile."""
+    previous = threading.excepthook
+    threading.excepthook = deaths.append
+    try:
+        yield
+    finally:
+        threading.excepthook = previous

@@ -266,6 +266,7 @@ def test_completion_publishes_the_outcome_of_that_moment():
     assert outcome.round == 0
     assert outcome.participants == (A, B)
     assert outcome.ranks == {A: 0, B: 1}
+    assert outcome.world_size == 2
     assert transition.state.round == 1
     assert transition.opened == (1,)
 

@@ -7,12 +7,26 @@ runs real handlers (nodes as threads) against it.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import pickle
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+import hostile_data
 import pytest
-from handler_threads import RUN, rendezvous_all
+from handler_threads import (
+    RUN,
+    make_handler,
+    recorded_thread_deaths,
+    rendezvous_all,
+    running_server,
+    stop_handler,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tp_rdzv_api import (
     RendezvousClosedError,
@@ -25,12 +39,15 @@ from tp_rdzv_dynamic.documents.codecs import (
     OUTCOME_FORMAT,
     SCHEMA,
     Lease,
+    decode_message,
     encode_message,
     encode_state,
 )
 from tp_rdzv_dynamic.model.decisions import Join, Leave
 from tp_rdzv_dynamic.model.state import RendezvousState
+from tp_rdzv_dynamic.torch_compat.torch_c10d import TorchC10dRun
 from tp_store import TCPStore
+from tp_store.testing.bounds import within_bounds
 
 KEYS = f"tp_rdzv/{RUN}/"
 #: Deeply nested JSON: Python's parser raises RecursionError on it.
@@ -66,11 +83,30 @@ def padded_outcome(padding: int) -> bytes:
         encode_message(Join(_NodeDesc("n" * 10_000, 1, 0), None, 0)),
         b'{"op":"join","node":["n\xc2\xb2",1,0],"round":' + b"9" * 5000 + b"}",
         encode_message(Leave(GHOST), "rcpt/" + "r" * 10_000),  # too long for a key
+        # A lone surrogate cannot be encoded into a key: the steward died on it.
+        b'{"op":"join","node":["evil\\ud800",1,0],"round":0}',
+        b'{"op":"leave","node":["a\\nforged line",1,0]}',
+        b'{"op":"gone","node":["ghost",1,0],"token":"\\udc80"}',
+        b'{"op":"leave","node":["ghost",1,0],"receipt":"rcpt/\\ud800"}',
+        b'{"op":"join","node":["ghost",18446744073709551616,0],"round":0}',
     ],
-    ids=["unclosed", "deep", "deep-node", "huge", "long-name", "long-number", "long-receipt"],
+    ids=[
+        "unclosed",
+        "deep",
+        "deep-node",
+        "huge",
+        "long-name",
+        "long-number",
+        "long-receipt",
+        "surrogate-name",
+        "control-name",
+        "surrogate-token",
+        "surrogate-receipt",
+        "pid-2**64",
+    ],
 )
 def test_the_steward_drops_a_hostile_message_and_the_round_completes(
-    make_node, server, caplog, message
+    make_node, server, caplog, thread_deaths, message
 ):
     server.queue_push(KEYS + "mailbox", message)
     caplog.set_level(logging.WARNING, logger="tp_rdzv_dynamic")
@@ -80,6 +116,9 @@ def test_the_steward_drops_a_hostile_message_and_the_round_completes(
     # have taken office at a higher epoch).
     assert steward_epoch(server) == 1
     assert "dropped a malformed mailbox message" in caplog.text
+    assert thread_deaths == []
+    # One line, whatever the message held.
+    assert all(len(record.getMessage()) < 1000 for record in caplog.records)
 
 
 @pytest.mark.parametrize("key", ["closed", "steward", "state"])
@@ -187,3 +226,106 @@ def test_a_forged_join_does_not_stall_the_rendezvous(make_node, server):
         infos = list(pool.map(settle, handlers))
     assert sorted(info.rank for info in infos) == [0, 1]
     assert {info.world_size for info in infos} == {2}
+
+
+def test_a_local_addr_that_cannot_be_a_key_is_a_value_error(make_node):
+    with pytest.raises(ValueError, match="local_addr 'host\\\\udc80' holds characters"):
+        make_node(1, 1, local_addr="host\udc80")
+
+
+def test_a_huge_value_in_the_state_makes_a_short_error(make_node, server, thread_deaths):
+    # The value was quoted whole: an 8 MB message, logged by the steward.
+    document = json.loads(encode_state(RendezvousState()))
+    document["round"] = "x" * (MAX_DOCUMENT_BYTES - 1000)
+    server.set(KEYS + "state", json.dumps(document))
+    handler = make_node(1, 1, join=20)
+    with pytest.raises(RendezvousStateError) as caught:
+        handler.status()
+    assert len(str(caught.value)) < 1000
+    with pytest.raises(RendezvousStateError) as caught:
+        handler.next_rendezvous()
+    assert len(str(caught.value)) < 1000
+    assert thread_deaths == []
+
+
+@pytest.mark.parametrize(
+    "lease",
+    [
+        b"1 evil\xed\xa0\x80 * 0",  # not UTF-8
+        b"9" * 5000 + b" x 1 0",  # too long for int()
+        b"-7 node 1 -3",
+        b"1 - 1 0 extra",
+        b"\x00\x00\x00\x00",
+        b"1 forged\nline * 0",  # a holder no node key can be (status prints it)
+    ],
+)
+def test_a_hostile_lease_is_vacant_and_the_round_completes(make_node, server, thread_deaths, lease):
+    server.set(KEYS + "steward", lease)
+    infos = rendezvous_all([make_node(2, 2), make_node(2, 2)])
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert thread_deaths == []
+
+
+def refused(message: bytes) -> bool:
+    """Whether the steward drops ``message`` (a valid one is a forged message, another test's)."""
+    try:
+        decode_message(message)
+    except ValueError:
+        return True
+    return False
+
+
+@settings(max_examples=max(hostile_data.EXAMPLES // 20, 3), deadline=None)
+@given(st.lists(hostile_data.DOCUMENT_MESSAGES.filter(refused), min_size=1, max_size=20))
+def test_the_steward_outlives_any_batch_of_hostile_messages(messages):
+    deaths: list[threading.ExceptHookArgs] = []
+    with recorded_thread_deaths(deaths), running_server() as store:
+        for message in messages:
+            store.queue_push(KEYS + "mailbox", message)
+        handlers = [make_handler(store.port, 2, 2) for _ in range(2)]
+        try:
+            infos = rendezvous_all(handlers)
+        finally:
+            for handler in handlers:
+                stop_handler(handler)
+        assert sorted(info.rank for info in infos) == [0, 1]
+        assert steward_epoch(store) == 1
+    assert deaths == []
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        # A node whose address is a 64-level tree of shared tuples (1.5 KB): hashing
+        # it while unpickling took 2**64 steps, in C code Ctrl-C could not stop.
+        (hostile_data.torch_state_around(hostile_data.shared_tuple_tree(64)), "memo reference"),
+        # The same tree as a member of the wait list's set.
+        (
+            base64.b64encode(
+                pickle.PROTO
+                + b"\x04"
+                + pickle.EMPTY_SET
+                + pickle.MARK
+                + hostile_data.shared_tuple_tree(64)
+                + pickle.ADDITEMS
+                + pickle.STOP
+            ),
+            "memo reference",
+        ),
+        # 8 MB of base64 of EMPTY_SET opcodes: 5.7 s and 1.48 GB before an error.
+        (base64.b64encode(pickle.PROTO + b"\x04" + pickle.EMPTY_SET * 6_000_000), "more than"),
+        # Within the size bound, but more sets than a state of 10,000 nodes holds.
+        (base64.b64encode(pickle.PROTO + b"\x04" + pickle.EMPTY_SET * 700_000), "containers"),
+        # A node's address that cannot be a key.
+        (
+            hostile_data.torch_state_around(pickle.SHORT_BINUNICODE + b"\x03\xed\xa0\x80"),
+            "printable",
+        ),
+    ],
+    ids=["hash-bomb-address", "hash-bomb-member", "8mb-of-sets", "many-sets", "surrogate"],
+)
+def test_a_hostile_pytorch_state_is_a_short_state_error(server, value, complaint):
+    server.set(f"torch.rendezvous.{RUN}", value)
+    error = within_bounds(lambda: TorchC10dRun(server, RUN).read(), (RendezvousStateError,))
+    assert isinstance(error, RendezvousStateError)
+    assert complaint in str(error)

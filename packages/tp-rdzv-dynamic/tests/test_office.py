@@ -8,6 +8,7 @@ import pytest
 
 from tp_rdzv_dynamic import TpRendezvousBackend
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
+from tp_rdzv_dynamic.documents.answers import Seat
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.documents.codecs import Lease, decode_outcome
 from tp_rdzv_dynamic.model.decisions import Join
@@ -52,7 +53,10 @@ def test_a_vacant_lease_is_taken_and_the_steward_decides(office, server):
     assert office.running
     office.post(Join(NODE, None, 0))
     raw = server.wait_get(f"tp_rdzv/{RUN}/result/0", 30)
-    assert decode_outcome(raw, "result/0").participants == (NODE,)
+    assert decode_outcome(raw, "result/0").world_size == 1
+    reader = RendezvousBoard(server, RUN)
+    assert reader.read_seat(0, NODE) == Seat(round=0, rank=0, world_size=1)
+    assert reader.read_roster(0).participants == (NODE,)
     office.stop()
     assert not office.running
     # Handed back vacant, at the same epoch: the next steward's is higher.
@@ -75,7 +79,10 @@ def test_a_frozen_lease_is_taken_after_the_bound_and_the_join_goes_to_the_new_st
     assert (taken.holder, taken.epoch) == (NODE.key, 6)
     # The join the ghost took is decided by the new steward: it was posted again.
     raw = server.wait_get(f"tp_rdzv/{RUN}/result/0", 30)
-    assert decode_outcome(raw, "result/0").participants == (NODE,)
+    assert decode_outcome(raw, "result/0").world_size == 1
+    reader = RendezvousBoard(server, RUN)
+    assert reader.read_seat(0, NODE) == Seat(round=0, rank=0, world_size=1)
+    assert reader.read_roster(0).participants == (NODE,)
 
 
 def test_a_moving_lease_is_never_taken(office, server):

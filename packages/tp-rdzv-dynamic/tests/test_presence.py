@@ -49,6 +49,20 @@ def test_nodes_are_present_through_sessions_and_write_no_counters(make_node, ser
     assert Lease.parse(server.get(KEYS.lease)).session_held
 
 
+def test_the_nodes_of_one_process_share_one_presence_session(make_node, server):
+    handlers = [make_node(3, 3, interval=0.2) for _ in range(3)]
+    before = server.server_stats().get("sessions_opened", 0)
+    rendezvous_all(handlers)
+    # One for the three nodes' presence, one for the steward's lease.
+    assert server.server_stats()["sessions_opened"] - before == 2
+    # One leaves: only its key goes, the others stay present through the session.
+    leaver, *stayers = handlers
+    leaver._presence.close()
+    assert not server.check([KEYS.presence(leaver.node.key)])
+    assert server.check([KEYS.presence(handler.node.key) for handler in stayers])
+    wait_until(lambda: len(stayers[0].status().participants) == 2)
+
+
 def test_presence_outlives_many_session_timeouts_while_the_job_trains(make_node, server):
     handler = make_node(1, 1, interval=0.05)  # a session ends after 0.1 s of silence
     handler.next_rendezvous()

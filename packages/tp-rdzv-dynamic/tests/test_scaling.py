@@ -119,9 +119,10 @@ def run_round(size: int) -> Round:
 def test_node_operations_do_not_grow_with_the_node_count(size):
     per_node = [sum(calls.values()) for calls in run_round(size).node_calls]
     # Heartbeat, lease read (it carries the round to wait for), mailbox post,
-    # wait for the outcome; and for the nodes that first found the lease
-    # vacant, one try at it (whose answer names the winner when another won).
-    assert max(per_node) <= 5, per_node
+    # wait for the outcome, read its own answer (its rank); and for the nodes
+    # that first found the lease vacant, one try at it (whose answer names the
+    # winner when another won).
+    assert max(per_node) <= 6, per_node
 
 
 def test_server_requests_per_node_stay_flat():

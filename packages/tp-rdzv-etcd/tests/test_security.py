@@ -334,6 +334,28 @@ def test_client_certificates_when_required(mtls_etcd: LocalEtcd, pki: Pki) -> No
     assert mtls_etcd.leader() is mtls_etcd.members[0]
 
 
+def test_sessions_keep_alive_on_the_grpc_stream_with_client_certificates(
+    mtls_etcd: LocalEtcd, pki: Pki
+) -> None:
+    with EtcdStore(
+        mtls_etcd.endpoints,
+        _prefix(),
+        timeout=30,
+        cacert=str(pki.ca),
+        cert=str(pki.client_cert),
+        key=str(pki.client_key),
+    ) as store:
+        assert store._lease_keeper is not None  # the gRPC stream, over TLS
+        # A TTL this short: every keep-alive waits for its answer on the stream.
+        session = store.open_session(4)
+        session.set("present/a", "token")
+        for _ in range(3):
+            session.keep_alive()
+        assert not session.ended
+        session.close()
+        assert not store.check(["present/a"])
+
+
 def test_no_client_certificate_is_refused_fast(mtls_etcd: LocalEtcd, pki: Pki) -> None:
     with EtcdStore(mtls_etcd.endpoints, _prefix(), timeout=30, cacert=str(pki.ca)) as store:
         started = time.monotonic()

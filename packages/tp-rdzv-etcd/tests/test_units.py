@@ -75,6 +75,7 @@ def _params(**config: Any) -> RendezvousParameters:
         ({"etcd_prefix": "/"}, "etcd_prefix"),
         ({"cacert": "/no/such/file"}, "cacert"),
         ({"read_timeout": "soon"}, "read_timeout"),
+        ({"lease_transport": "pigeon"}, "lease_transport"),
         ({"keep_alive_max_attempt": 0}, "keep_alive_max_attempt"),
     ],
 )
@@ -94,6 +95,28 @@ def test_credentials_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     store = create_store(_params(etcd_prefix="/jobs/"))
     assert store.prefix == b"/jobs/run/"
     assert store.endpoints == ("http://127.0.0.1:2379",)
+    assert store.endpoint == "http://127.0.0.1:2379/jobs/run/"  # what nodes share a session on
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "on_stream"), [({}, True), ({"lease_transport": "gateway"}, False)]
+)
+def test_lease_transport_chooses_the_keep_alives_stream(
+    config: dict[str, object], on_stream: bool
+) -> None:
+    store = create_store(_params(**config))
+    assert (store._lease_keeper is not None) == on_stream
+    store.close()
+
+
+def test_etcd_users_keep_their_leases_alive_through_the_gateway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(USER_ENV, "alice")
+    monkeypatch.setenv(PASSWORD_ENV, "secret")
+    store = create_store(_params())
+    assert store._lease_keeper is None  # gRPC would need the token as well
     store.close()
 
 

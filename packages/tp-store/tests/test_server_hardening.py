@@ -447,6 +447,33 @@ def test_the_server_raises_its_open_file_limit_or_warns(hard_limit: str) -> None
         assert "the open-file limit (1024) is below max_connections (2000)" in stderr
 
 
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="needs /proc")
+def test_by_default_the_server_takes_as_many_connections_as_open_files_allow() -> None:
+    import resource
+
+    def lower_limits() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tp_store", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_child_env(),
+        preexec_fn=lower_limits,  # noqa: PLW1509 - only sets the limits of the child
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("listening on ")
+        soft = _soft_open_file_limit(proc.pid)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=TIMEOUT)
+    # Raised to the hard limit, and no warning: the default fits what the host allows.
+    assert soft == 1024
+    assert "open-file limit" not in stderr
+
+
 # ---------------------------------------------------------------------------
 # R6: bad connections do not flood the log
 # ---------------------------------------------------------------------------

@@ -12,12 +12,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import close_command, demo, join_command, status_command, store_command
 from .__about__ import __version__
 from .errors import EXIT_CODES_HELP, CommandError, ExitCode
 from .logs import FORMATS, configure
-
-_COMMANDS = (store_command, join_command, status_command, close_command, demo)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,7 +32,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``tp-rdzv`` parser with every subcommand."""
+    """The ``tp-rdzv`` parser with every subcommand.
+
+    The subcommands (and the libraries they use) are imported here, not when
+    this module is: Ctrl-C while they load then ends ``main`` in one line.
+    """
+    from . import close_command, demo, join_command, status_command, store_command  # noqa: PLC0415
+
     common = OneLineParser(add_help=False)
     common.add_argument(
         "--log-level",
@@ -55,14 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
-    for command in _COMMANDS:
+    for command in (store_command, join_command, status_command, close_command, demo):
         command.add_parser(commands, parents=[common])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tp-rdzv`` with ``argv``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("tp-rdzv: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
     configure(args.log_level, args.log_format)
     try:
         return int(args.run(args))

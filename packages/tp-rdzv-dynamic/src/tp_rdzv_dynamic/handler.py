@@ -27,17 +27,18 @@ from tp_store import PrefixStore, Store
 
 from .backends.backend import RendezvousBackend
 from .backends.holder import _RendezvousStateHolder
+from .documents.answers import Seat
 from .documents.board import RendezvousBoard
 from .events import log_event
 from .model.decisions import Join
 from .model.node_desc import _NodeDesc, _NodeDescGenerator
-from .model.state import RoundOutcome
 from .node.arguments import check_arguments
 from .node.bootstrap import BootstrapServer, await_bootstrap_info
 from .node.closing import close_run, closed_error
 from .node.heartbeats import Heartbeats, JoinTicks
 from .node.presence import NodePresence
 from .node.rollback import roll_back_join
+from .node.round_info import RoundInfo
 from .node.spares import JoinDeadline
 from .settings import RendezvousSettings
 from .status import RendezvousStatus, observe_run
@@ -218,30 +219,30 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # The agent stopped the workers of the last round before asking again.
             self._bootstrap.close()
             started = time.monotonic()
-            outcome, rank = self._await_seat()
-            self._round = outcome.round
-            info = self._round_info(outcome, rank)
+            seat = self._await_seat()
+            self._round = seat.round
+            info = self._round_info(seat)
             if info is not None:
                 self._event(
                     logging.INFO,
                     "round_joined",
-                    f"{self._node} has rank {rank} of {info.world_size} in round {outcome.round}",
+                    f"{self._node} has rank {seat.rank} of {seat.world_size} in round {seat.round}",
                     duration=time.monotonic() - started,
                 )
-                self._deputy = rank < _DEPUTIES
-                self._heartbeats.start(outcome.round)
+                self._deputy = seat.rank < _DEPUTIES
+                self._heartbeats.start(seat.round)
                 return info
             # Its rank 0 died before publishing the workers' bootstrap store: no
             # node returned that round, and this one joins the next.
             self._event(
                 logging.WARNING,
                 "round_abandoned",
-                f"round {outcome.round} went stale before its rank 0 published the workers' "
+                f"round {seat.round} went stale before its rank 0 published the workers' "
                 f"bootstrap store; {self._node} joins the next round",
             )
 
-    def _await_seat(self) -> tuple[RoundOutcome, int]:
-        """Post this node's join; the outcome of the first round that seats it, and its rank."""
+    def _await_seat(self) -> Seat:
+        """Post this node's join; its answer in the first round that seats it."""
         board, node = self._board, self._node
         now = time.monotonic()
         # A spare (beyond max_nodes) has no deadline while it waits.
@@ -283,9 +284,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     raise RendezvousStateError(outcome.error)
                 if outcome.closed:
                     raise closed_error(node, self.get_run_id(), self._holder)
-                rank = outcome.ranks.get(node)
-                if rank is not None:
-                    return outcome, rank
+                # Its own answer, not the whole round: O(1) bytes per node.
+                seat = board.read_seat(outcome.round, node)
+                if seat is not None:
+                    if seat.world_size != outcome.world_size:
+                        raise RendezvousStateError(
+                            f"round {outcome.round} has {outcome.world_size} nodes, but the "
+                            f"answer to {node} says {seat.world_size}"
+                        )
+                    return seat
                 round_ = outcome.round + 1
                 self._ticks.ask(Join(node, self._hint, round_))
         finally:
@@ -391,18 +398,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     # -- after a round ----------------------------------------------------------------
-    def _round_info(self, outcome: RoundOutcome, rank: int) -> RendezvousInfo | None:
+    def _round_info(self, seat: Seat) -> RendezvousInfo | None:
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died before publishing."""
-        round_store = PrefixStore(self._board.keys.round_store(outcome.round), self._store)
-        if rank == 0:
+        round_store = PrefixStore(self._board.keys.round_store(seat.round), self._store)
+        if seat.rank == 0:
             bootstrap = self._bootstrap.host(
-                round_store, outcome.round, keep_alive=self._keep_alive, tick=self._tick
+                round_store, seat.round, keep_alive=self._keep_alive, tick=self._tick
             )
         else:
             found = await_bootstrap_info(
-                rank,
+                seat.rank,
                 round_store,
-                outcome.round,
+                seat.round,
                 board=self._board,
                 settings=self._settings,
                 keep_alive=self._keep_alive,
@@ -410,14 +417,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if found is None:
                 return None
             bootstrap = found
-        return RendezvousInfo(
-            round_store,
-            rank,
-            len(outcome.participants),
-            bootstrap,
-            list(outcome.participants),
-            list(outcome.wait_list),
-        )
+        return RoundInfo(round_store, seat, bootstrap, self._board)
 
     def _keep_alive(self, now: float) -> None:
         """Heartbeat (the presence's pings go on by themselves) and watch the lease, as

@@ -11,6 +11,9 @@ backends' (``read_timeout``, ``join_timeout``, ``last_call_timeout``,
 - ``protocol``: ``http`` (default) or ``https``, for endpoints without a scheme;
 - ``cacert``, ``cert``, ``key``: PEM files for TLS (CA bundle, client
   certificate and its key);
+- ``lease_transport``: how the nodes' presence leases are kept alive:
+  ``auto`` (default: one gRPC stream per process), ``grpc``, or ``gateway``
+  (a JSON request each, for networks that let only HTTP/1.1 through);
 - ``is_host``: false, or absent: no node hosts the store, the etcd cluster is
   it (true is a ``ValueError``; the command line's observers pass false to
   every dynamic backend).
@@ -35,7 +38,7 @@ from tp_rdzv_dynamic import DynamicRendezvousHandler
 from tp_rdzv_dynamic.factory import SETTINGS_KEYS, build_handler
 
 from .endpoints import PROTOCOLS, parse_endpoints
-from .store import EtcdStore
+from .store import LEASE_TRANSPORTS, EtcdStore
 
 USER_ENV = "TP_RDZV_ETCD_USER"
 PASSWORD_ENV = "TP_RDZV_ETCD_PASSWORD"
@@ -45,7 +48,9 @@ DEFAULT_READ_TIMEOUT = 60.0
 #: The config keys naming the PEM files of TLS: CA bundle, client certificate, its key.
 TLS_FILE_KEYS = ("cacert", "cert", "key")
 #: The config keys :func:`create_store` reads.
-STORE_KEYS = frozenset({"protocol", "etcd_prefix", "read_timeout", "is_host", *TLS_FILE_KEYS})
+STORE_KEYS = frozenset(
+    {"protocol", "etcd_prefix", "read_timeout", "is_host", "lease_transport", *TLS_FILE_KEYS}
+)
 #: Every config key backend ``etcd`` reads; others get a warning.
 CONFIG_KEYS = SETTINGS_KEYS | STORE_KEYS
 
@@ -92,6 +97,12 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
     )
     if read_timeout <= 0:
         raise ValueError(f"rendezvous config option 'read_timeout' must be > 0, got {raw_timeout}")
+    lease_transport = _text(params, "lease_transport", "auto").lower()
+    if lease_transport not in LEASE_TRANSPORTS:
+        raise ValueError(
+            "rendezvous config option 'lease_transport' must be one of "
+            f"{', '.join(LEASE_TRANSPORTS)}, got {lease_transport!r}"
+        )
     return EtcdStore(
         [endpoint.url for endpoint in endpoints],
         f"{prefix}/{params.run_id}/",
@@ -102,6 +113,7 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
         key=files["key"],
         user=user,
         password=password,
+        lease_transport=lease_transport,
     )
 
 

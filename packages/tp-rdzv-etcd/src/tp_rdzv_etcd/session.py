@@ -3,8 +3,10 @@
 - ``open_session`` grants a lease whose TTL is the session's timeout (whole
   seconds, at least etcd's minimum); ``keep_alive`` renews it through
   ``LeaseKeepAlive``, which the leader serves from memory: nothing is written
-  to etcd's log (yet etcd's CPU per keep-alive is most of a small write's:
-  the request's cost, see ``benchmarks/etcd_sessions.py``).
+  to etcd's log. Through the JSON gateway each keep-alive is a gRPC stream
+  opened inside etcd, about 0.7 ms of its CPU; so by default the sessions of
+  a process send theirs on one gRPC stream (:mod:`.lease_stream`), about half
+  that (``benchmarks/etcd_sessions.py``).
 - ``set`` and ``compare_set`` attach what they write to the lease; a later
   write through another session re-attaches the key to that one, a plain
   write or a delete detaches it (etcd's own rules for a put's lease).
@@ -22,6 +24,7 @@ since the last renewal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -35,6 +38,7 @@ from tp_store.protocol import Limits
 
 from .gateway import Json, LeaseNotFoundError
 from .layout import b64
+from .lease_stream import COALESCE, KeepAliveFailed, LeaseKeeper
 from .wills import Will, push_own
 
 if TYPE_CHECKING:
@@ -45,6 +49,8 @@ log = logging.getLogger(__name__)
 #: gRPC codes of a keep-alive stream's error that mean "not now": no leader yet.
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 _RETRY_PAUSE = 0.05
+#: The shortest TTL whose keep-alives may go unawaited in a burst (see ``_may_renew_soon``).
+_MIN_TTL_RENEWED_SOON = 10 * COALESCE
 
 
 class EtcdSession(StoreSession):
@@ -63,6 +69,7 @@ class EtcdSession(StoreSession):
         self._numbered = 0  # wills numbered so far (a failed add_will uses up its number)
         self._max_wills = Limits().max_session_wills
         self._ended = False
+        self._lease_gone = False  # an unawaited keep-alive's answer said so
         self._renewed = time.monotonic()
 
     @classmethod
@@ -88,7 +95,7 @@ class EtcdSession(StoreSession):
     @property
     def ended(self) -> bool:
         """Whether the lease is known, here, to be gone (closed, or found expired)."""
-        return self._ended
+        return self._ended or self._lease_gone
 
     def set(self, key: Data, value: Data) -> None:
         """Put ``value`` under ``key``, attached to this session's lease."""
@@ -149,30 +156,94 @@ class EtcdSession(StoreSession):
     def keep_alive(self) -> None:
         """Renew the lease (``LeaseKeepAlive``: not written to etcd's log).
 
+        On the gRPC stream, while the last renewal is recent, the keep-alive
+        goes with the process's next burst and this returns at once; an answer
+        that the lease is gone then ends the session at its next use.
+
         Raises:
-            SessionExpiredError: the lease is gone (expired, or closed).
+            SessionExpiredError: the lease is gone (expired, or closed), found
+                by this keep-alive or by the answer to an earlier one.
             StoreConnectionError: no member renewed it for a TTL's time.
         """
         self._check_open()
         sent = time.monotonic()
+        keeper = self._store._lease_keeper
+        if keeper is not None and self._may_renew_soon(sent):
+            keeper.renew_soon(self.lease, functools.partial(self._answered, sent))
+            return
         deadline = sent + min(self.timeout, self._store.timeout.total_seconds())
-        body = {"ID": str(self.lease)}
         while True:
-            # A keep-alive is a stream: its answer is {"result": ...} or {"error": ...}.
-            answer = self._store._gateway.call("/v3/lease/keepalive", body, deadline)
-            result = answer.get("result")
-            if isinstance(result, dict):
-                if int(result.get("TTL", 0)) <= 0:  # etcd leaves out a TTL of 0
+            if keeper is not None:
+                ttl, error = self._keep_alive_on_stream(keeper, deadline)
+                if ttl is None and self._store._lease_fallback:
+                    # gRPC may be blocked on the way (lease_transport auto): the
+                    # gateway renews it as well.
+                    ttl, error = self._keep_alive_through_gateway(deadline)
+            else:
+                ttl, error = self._keep_alive_through_gateway(deadline)
+            if ttl is not None:
+                if ttl <= 0:
                     raise self._expired()
                 self._renewed = sent
                 return
-            error = answer.get("error")
-            code = error.get("grpc_code") if isinstance(error, dict) else None
-            if code not in _TRANSIENT_CODES:
-                raise StoreError(f"etcd answered a keep-alive of lease {self.lease:x}: {answer}")
             if time.monotonic() + _RETRY_PAUSE >= deadline:
                 raise self._unreachable(f"no leader renewed it ({error})")
-            time.sleep(_RETRY_PAUSE)  # an election is under way
+            time.sleep(_RETRY_PAUSE)  # an election is under way, or a member died
+
+    def _may_renew_soon(self, now: float) -> bool:
+        """Whether a keep-alive may go with the process's next burst, unawaited.
+
+        Only while the last renewal is recent (within half the TTL: the burst
+        leaves the lease most of it) and the TTL is long beside the burst's
+        gathering time. Otherwise the caller waits for the answer, so one
+        resumed after a long pause learns at once that its lease is gone.
+        """
+        return self.timeout >= _MIN_TTL_RENEWED_SOON and now - self._renewed < self.timeout / 2
+
+    def _answered(self, sent: float, ttl: int | None, error: object) -> None:
+        """The answer to a keep-alive sent at ``sent`` that nobody waited for.
+
+        A lost answer changes nothing: the next keep-alive then waits for its own.
+        """
+        if ttl is None:
+            log.debug("a keep-alive of etcd lease %x got no answer: %s", self.lease, error)
+        elif ttl > 0:
+            with self._lock:
+                self._renewed = max(self._renewed, sent)
+        else:
+            with self._lock:
+                self._lease_gone = True  # the next use raises SessionExpiredError
+
+    def _keep_alive_on_stream(
+        self, keeper: LeaseKeeper, deadline: float
+    ) -> tuple[int | None, object]:
+        """One keep-alive on the process's gRPC stream: ``(TTL, None)``, or
+        ``(None, why)`` when it may work on a retry."""
+        # A third of the TTL at most: a stream that does not answer (gRPC blocked
+        # on the way) leaves time for the gateway.
+        wait = min(deadline - time.monotonic(), self.timeout / 3)
+        try:
+            return keeper.keep_alive(self.lease, max(wait, 0.001)), None
+        except KeepAliveFailed as exc:
+            if exc.code not in _TRANSIENT_CODES:
+                raise StoreError(
+                    f"etcd refused a keep-alive of lease {self.lease:x}: {exc}"
+                ) from exc
+            return None, exc
+
+    def _keep_alive_through_gateway(self, deadline: float) -> tuple[int | None, object]:
+        """One keep-alive through the JSON gateway, as :meth:`_keep_alive_on_stream`."""
+        body = {"ID": str(self.lease)}
+        # A keep-alive is a stream: its answer is {"result": ...} or {"error": ...}.
+        answer = self._store._gateway.call("/v3/lease/keepalive", body, deadline)
+        result = answer.get("result")
+        if isinstance(result, dict):
+            return int(result.get("TTL", 0)), None  # etcd leaves out a TTL of 0
+        error = answer.get("error")
+        code = error.get("grpc_code") if isinstance(error, dict) else None
+        if code not in _TRANSIENT_CODES:
+            raise StoreError(f"etcd answered a keep-alive of lease {self.lease:x}: {answer}")
+        return None, error
 
     def close(self) -> None:
         """Revoke the lease (deleting its keys), then push the wills. Idempotent.
@@ -209,6 +280,8 @@ class EtcdSession(StoreSession):
     def _check_open(self) -> None:
         if self._ended:
             raise self._error("has ended")
+        if self._lease_gone:
+            raise self._expired()
 
     def _expired(self) -> SessionExpiredError:
         """The lease is gone: the session has ended (its wills are pushed by readers)."""

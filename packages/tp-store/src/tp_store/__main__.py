@@ -89,8 +89,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-connections",
         type=int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        help="open connections at most; more are closed at once (default %(default)s)",
+        help="open connections at most; more are closed at once (default: as many as "
+        f"the open-file limit allows, raised to the hard limit, up to {DEFAULT_MAX_CONNECTIONS})",
     )
     limits.add_argument(
         "--request-timeout",

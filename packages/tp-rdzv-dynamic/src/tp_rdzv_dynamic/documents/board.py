@@ -13,13 +13,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
-from tp_rdzv_api import RendezvousConnectionError
+from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError
 from tp_rdzv_dynamic.model.decisions import Message
 from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RoundOutcome
+from tp_rdzv_dynamic.quoting import quoted
 from tp_store import Store, StoreError, StoreSession, StoreTimeoutError, UnsupportedOperationError
 
+from .answers import Roster, Seat, answers, decode_answer, decode_roster, encode_roster
 from .codecs import (
     WAKE_MESSAGE,
     Lease,
@@ -27,6 +29,7 @@ from .codecs import (
     decode_message,
     decode_outcome,
     encode_message,
+    encode_outcome,
 )
 from .layout import RunLayout
 
@@ -36,6 +39,8 @@ _T = TypeVar("_T")
 
 #: The most messages the steward takes from the mailbox before deciding.
 MAX_BATCH = 4096
+#: The most answers the steward writes in one request (a few dozen bytes each).
+ANSWER_BATCH = 2048
 
 
 class RendezvousBoard:
@@ -81,6 +86,15 @@ class RendezvousBoard:
         with self._store_errors("announcing this node's presence"):
             session.set(self.keys.presence(node.key), token)
             session.add_will(self.keys.mailbox, gone)
+
+    def be_absent(self, node: _NodeDesc, token: str) -> None:
+        """End ``node``'s presence in a session others stay present through: its key
+        deleted, then its departure posted, as the session's end would do. Both have
+        landed when this returns (the push has no reply: a round trip follows it)."""
+        with self._store_errors("ending this node's presence"):
+            self.store.delete_key(self.keys.presence(node.key))
+            self.store.queue_push(self.keys.mailbox, encode_message(Gone(node, token)))
+            self.store.queue_len(self.keys.mailbox)
 
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.
@@ -219,12 +233,54 @@ class RendezvousBoard:
         """Mark the rendezvous closed (the key only; the state is the backend's)."""
         self._call("closing", lambda: self.store.set(self.keys.closed, "1"))
 
-    def publish(self, round_: int, outcome: bytes) -> bytes:
-        """Publish the outcome of ``round_`` unless one is there; return what is there."""
+    def publish(self, outcome: RoundOutcome) -> bytes:
+        """Publish ``outcome`` unless one is there for its round; return what is there.
+
+        A completed round's roster and answers are written first (in
+        :data:`ANSWER_BATCH`-sized requests): a node woken by the outcome finds
+        its answer. Once the outcome is there they are never written again: a
+        steward taking office publishes the round of its state again, whose
+        participants may have left since the nodes were told (what the nodes
+        were told stays what the store holds). Written and not followed by an
+        outcome (a steward died between), they are written whole again.
+        """
+        round_ = outcome.round
         key = self.keys.outcome(round_)
-        return self._call(
-            f"publishing round {round_}", lambda: self.store.compare_set(key, "", outcome)
-        )
+        with self._store_errors(f"publishing round {round_}"):
+            if self.store.check([key]):
+                return self.store.get(key)
+            if not outcome.closed and outcome.error is None:
+                self.store.set(self.keys.roster(round_), encode_roster(outcome))
+                seats = answers(outcome)
+                for start in range(0, len(seats), ANSWER_BATCH):
+                    chunk = seats[start : start + ANSWER_BATCH]
+                    keys = [self.keys.answer(round_, node.key) for node, _ in chunk]
+                    self.store.multi_set(keys, [answer for _, answer in chunk])
+            return self.store.compare_set(key, "", encode_outcome(outcome))
+
+    def read_seat(self, round_: int, node: _NodeDesc) -> Seat | None:
+        """``node``'s answer in the completed ``round_``; ``None`` if it was not seated.
+
+        One round trip that never waits (read after the outcome, which is
+        written after every answer): a compare-and-set from empty to empty
+        returns the answer, or empty when there is none.
+        """
+        key = self.keys.answer(round_, node.key)
+        raw = self._call(f"reading round {round_}", lambda: self.store.compare_set(key, "", ""))
+        if not raw:
+            return None
+        seat = decode_answer(raw, key)
+        if seat.round != round_:
+            raise RendezvousStateError(
+                f"the rendezvous document at {key} answers for round {seat.round}"
+            )
+        return seat
+
+    def read_roster(self, round_: int) -> Roster:
+        """The lists of the completed ``round_`` (written before its outcome)."""
+        key = self.keys.roster(round_)
+        raw = self._call(f"reading round {round_}'s roster", lambda: self.store.get(key))
+        return decode_roster(raw, key)
 
     # -- what only the steward does -------------------------------------------
     def await_mail(self, timeout: float) -> bool:
@@ -232,7 +288,7 @@ class RendezvousBoard:
         return self._appears(self.keys.mailbox, timeout, "waiting for the mailbox")
 
     def take_mail(self) -> list[tuple[Mail | None, str | None]]:
-        """Up to :data:`MAX_BATCH` mailbox messages; malformed ones are logged and dropped.
+        """Up to :data:`MAX_BATCH` mailbox messages; a malformed one is logged (a line) and dropped.
 
         Two round trips however many there are: the queue's length, then that
         many pops pipelined (one round trip per message made a storm of joins
@@ -246,11 +302,14 @@ class RendezvousBoard:
         for raw in raws:
             try:
                 messages.append(decode_message(raw))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except Exception as exc:  # one message, whatever it holds, is dropped
+                # decode_message raises ValueError only (its property tests hold it to
+                # that); anything else is a bug to report, not a reason to stop deciding.
                 log.warning(
-                    "rendezvous %r: dropped a malformed mailbox message %r: %s",
+                    "rendezvous %r: dropped a malformed mailbox message %s: %s: %s",
                     self.run_id,
-                    raw[:200],
+                    quoted(raw),
+                    type(exc).__name__,
                     exc,
                 )
         return messages

@@ -13,11 +13,8 @@ read these documents: changing one is a change of the wire format.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import threading
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,17 +24,19 @@ from tp_rdzv_dynamic.model.decisions import Join, Leave, Message
 from tp_rdzv_dynamic.model.gone import MAX_TOKEN_LENGTH, Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc, node_from_fields
 from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
+from tp_rdzv_dynamic.quoting import quoted
 
 from .bounded_json import MAX_MESSAGE_BYTES, DocumentError, load_document
 from .layout import MAX_RECEIPT_LENGTH, RECEIPT_PREFIX
 
 STATE_FORMAT = "tp-rdzv-state"
-_COMPRESS_ABOVE = 4096
 OUTCOME_FORMAT = "tp-rdzv-round"
 SCHEMA = 1
 LIVENESS_FORMAT = "tp-rdzv-liveness"
 #: What wakes a steward blocked on the mailbox (it ignores the message).
 WAKE_MESSAGE = b'{"op":"wake"}'
+#: The longest error message of a failed round's outcome read (longer ones are cut).
+MAX_ERROR_LENGTH = 2000
 #: The beat of a lease held through its holder's store session: the store
 #: deletes the lease when that session ends, so nobody judges it by silence.
 SESSION_BEAT = "*"
@@ -70,9 +69,9 @@ def encode_state(state: RendezvousState) -> bytes:
 def encode_outcome(outcome: RoundOutcome) -> bytes:
     """``outcome`` as published to the nodes: complete, closed, or why nobody could decide it.
 
-    Every node reads a complete one, so a large one is zlib-compressed JSON
-    (node names repeat a lot): a few KiB per node instead of ~30 bytes per
-    participant.
+    Every node waits for it, so a complete one carries only the world size (a
+    few dozen bytes): each node then reads its own answer, and whoever wants
+    the lists reads the roster (:mod:`.answers`).
     """
     document: dict[str, Any] = {"format": OUTCOME_FORMAT, "schema": SCHEMA, "round": outcome.round}
     if outcome.closed:
@@ -80,16 +79,8 @@ def encode_outcome(outcome: RoundOutcome) -> bytes:
     elif outcome.error is not None:
         document.update(status="error", error=outcome.error)
     else:
-        document.update(
-            status="complete",
-            participants=[_node_fields(n) for n in outcome.participants],
-            wait_list=[_node_fields(n) for n in outcome.wait_list],
-            redundancy_list=[_node_fields(n) for n in outcome.redundancy_list],
-        )
-    raw = json.dumps(document, separators=(",", ":")).encode()
-    if document["status"] == "complete" and len(raw) > _COMPRESS_ABOVE:
-        return zlib.compress(raw)
-    return raw
+        document.update(status="complete", world_size=outcome.world_size)
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 class _Reader:
@@ -105,10 +96,12 @@ class _Reader:
             raise self.error(f"is not a JSON object but {type(document).__name__}")
         self.document: dict[str, Any] = document
         if document.get("format") != expected_format:
-            raise self.error(f"has format {document.get('format')!r}, expected {expected_format!r}")
+            raise self.error(
+                f"has format {quoted(document.get('format'))}, expected {expected_format!r}"
+            )
         if document.get("schema") != SCHEMA:
             raise self.error(
-                f"has schema version {document.get('schema')!r}; this version reads {SCHEMA}"
+                f"has schema version {quoted(document.get('schema'))}; this version reads {SCHEMA}"
             )
 
     def error(self, problem: str) -> RendezvousStateError:
@@ -118,9 +111,9 @@ class _Reader:
         value = self.document.get(name)
         if kind is int:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise self.error(f"has a bad {name!r}: expected an int >= 0, got {value!r}")
+                raise self.error(f"has a bad {name!r}: expected an int >= 0, got {quoted(value)}")
         elif not isinstance(value, kind):
-            raise self.error(f"has a bad {name!r}: expected {kind.__name__}, got {value!r}")
+            raise self.error(f"has a bad {name!r}: expected {kind.__name__}, got {quoted(value)}")
         return value
 
     def nodes(self, name: str, extra: bool = False) -> list[tuple[_NodeDesc, int]]:
@@ -134,7 +127,7 @@ class _Reader:
                     raise ValueError(f"expected {width} fields")
                 node = node_from_fields(entry[0], entry[1], entry[2])
                 if extra and (type(entry[3]) is not int or entry[3] < 0):
-                    raise ValueError(f"expected an int >= 0 after the node, got {entry[3]!r}")
+                    raise ValueError(f"expected an int >= 0 after the node, got {quoted(entry[3])}")
             except ValueError as exc:
                 raise self.error(f"has a bad entry {name}[{index}]: {exc}") from exc
             result.append((node, entry[3] if extra else 0))
@@ -172,42 +165,24 @@ def decode_state(raw: bytes, where: str) -> RendezvousState:
     return state
 
 
-#: Nodes of one process woken by the same outcome decode it once: the others
-#: wait for the first instead of all missing the cache together.
-_decoding = threading.Lock()
-
-
 def decode_outcome(raw: bytes, where: str) -> RoundOutcome:
-    """The round outcome in ``raw`` (decoded once per process: every node reads the same bytes)."""
-    with _decoding:
-        return _decode_outcome(raw, where)
-
-
-@functools.lru_cache(maxsize=8)
-def _decode_outcome(raw: bytes, where: str) -> RoundOutcome:
+    """The round outcome in ``raw``: closed, an error, or complete with its world size."""
     reader = _Reader(raw, OUTCOME_FORMAT, where)
     round_ = reader.value("round", int)
     status = reader.document.get("status")
     if status == "closed":
         return RoundOutcome(round_, closed=True)
     if status == "error":
-        return RoundOutcome(round_, closed=False, error=str(reader.value("error", str)))
+        # Raised as each waiting node's error: what a steward writes is short.
+        error: str = reader.value("error", str)
+        cut = error if len(error) <= MAX_ERROR_LENGTH else error[:MAX_ERROR_LENGTH] + "..."
+        return RoundOutcome(round_, closed=False, error=cut)
     if status != "complete":
-        raise reader.error(f"has an unknown status {status!r}")
-    participants = tuple(node for node, _ in reader.nodes("participants"))
-    if not participants:
+        raise reader.error(f"has an unknown status {quoted(status)}")
+    world_size = reader.value("world_size", int)
+    if world_size < 1:
         raise reader.error("has a complete round without participants")
-    ranks = {node: rank for rank, node in enumerate(participants)}
-    if len(ranks) != len(participants):
-        raise reader.error("lists a participant twice")
-    return RoundOutcome(
-        round_,
-        closed=False,
-        participants=participants,
-        wait_list=tuple(node for node, _ in reader.nodes("wait_list")),
-        redundancy_list=tuple(node for node, _ in reader.nodes("redundancy_list")),
-        ranks=ranks,
-    )
+    return RoundOutcome(round_, closed=False, world_size=world_size)
 
 
 @dataclass(frozen=True)
@@ -243,6 +218,8 @@ class Lease:
             epoch, round_ = int(parts[0]), int(parts[3])
             holder = "" if parts[1] == b"-" else parts[1].decode()
         except (ValueError, UnicodeDecodeError):
+            return cls(raw, 0, "")
+        if not holder.isprintable():  # a node key is printable: this one is no steward's
             return cls(raw, 0, "")
         session_held = bool(holder) and parts[2] == SESSION_BEAT.encode()
         return cls(raw, max(epoch, 0), holder, max(round_, 0), session_held)
@@ -285,7 +262,7 @@ def decode_message(raw: bytes) -> tuple[Mail | None, str | None]:
         return None, None
     fields = document.get("node")
     if not isinstance(fields, list) or len(fields) != 3:
-        raise ValueError(f"bad node {fields!r:.200}: expected [address, pid, local id]")
+        raise ValueError(f"bad node {quoted(fields)}: expected [address, pid, local id]")
     try:
         node = node_from_fields(*fields)
     except ValueError as exc:
@@ -295,27 +272,30 @@ def decode_message(raw: bytes) -> tuple[Mail | None, str | None]:
         isinstance(receipt, str)
         and receipt.startswith(RECEIPT_PREFIX)
         and len(receipt) <= MAX_RECEIPT_LENGTH
+        and receipt.isprintable()  # a key: a lone surrogate cannot be encoded
     ):
         raise ValueError(
-            f"bad receipt {receipt!r:.200}: expected {RECEIPT_PREFIX!r} and at most "
-            f"{MAX_RECEIPT_LENGTH} characters"
+            f"bad receipt {quoted(receipt)}: expected {RECEIPT_PREFIX!r} and at most "
+            f"{MAX_RECEIPT_LENGTH} printable characters"
         )
     op = document.get("op")
     if op == "leave":
         return Leave(node), receipt
     if op == "gone":
         token = document.get("token")
-        if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_LENGTH:
-            raise ValueError(f"bad token {token!r:.200}")
+        if not (
+            isinstance(token, str) and 0 < len(token) <= MAX_TOKEN_LENGTH and token.isprintable()
+        ):
+            raise ValueError(f"bad token {quoted(token)}")
         return Gone(node, token), receipt
     if op != "join":
-        raise ValueError(f"unknown op {op!r:.200}")
+        raise ValueError(f"unknown op {quoted(op)}")
     hint = document.get("hint")
     if hint is not None and (type(hint) is not int or hint < 0):
-        raise ValueError(f"bad hint {hint!r:.200}")
+        raise ValueError(f"bad hint {quoted(hint)}")
     round_ = document.get("round")
     if type(round_) is not int or round_ < 0:
-        raise ValueError(f"bad round {round_!r:.200}")
+        raise ValueError(f"bad round {quoted(round_)}")
     return Join(node, hint, round_), receipt
 
 
@@ -356,12 +336,14 @@ def decode_liveness(raw: bytes, where: str) -> LivenessReport:
         or not isinstance(present, list)
         or document.get("format") != LIVENESS_FORMAT
     ):
-        raise RendezvousStateError(f"the liveness report at {where} is malformed: {raw[:200]!r}")
+        raise RendezvousStateError(f"the liveness report at {where} is malformed: {quoted(raw)}")
     seconds: dict[str, float] = {}
     for key, age in ages.items():
         value = _seconds(age)
         if value is None:
-            raise RendezvousStateError(f"the liveness report at {where} has a bad age {age!r:.40}")
+            raise RendezvousStateError(
+                f"the liveness report at {where} has a bad age {quoted(age)}"
+            )
         seconds[str(key)] = value
     return LivenessReport(seconds, frozenset(str(key) for key in present))
 

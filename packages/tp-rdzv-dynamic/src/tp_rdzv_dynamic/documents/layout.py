@@ -55,8 +55,20 @@ class RunLayout:
         self.liveness = self.prefix + "liveness"
 
     def outcome(self, round_: int) -> str:
-        """Where the outcome of ``round_`` is published."""
+        """Where the outcome of ``round_`` is published (small: what every node waits for)."""
         return f"{self.prefix}result/{round_}"
+
+    def answer(self, round_: int, node_key: str) -> str:
+        """The answer of ``round_`` to the node whose key is ``node_key``: its seat.
+
+        Written (in batches) before the outcome, for the participants only.
+        """
+        return f"{self.prefix}answer/{round_}/{node_key}"
+
+    def roster(self, round_: int) -> str:
+        """The full lists of ``round_`` (participants in rank order, wait and redundancy
+        lists), written before the outcome; read by whoever asks, not by every node."""
+        return f"{self.prefix}roster/{round_}"
 
     def heartbeat(self, node_key: str) -> str:
         """The heartbeat counter of the node whose key is ``node_key`` (stores without sessions)."""

@@ -75,7 +75,7 @@ class RendezvousState:
             participants=tuple(self.in_rank_order()),
             wait_list=tuple(self.wait_list),
             redundancy_list=tuple(self.redundancy_list),
-            ranks=dict(self.participants),
+            world_size=len(self.participants),
         )
 
 
@@ -86,12 +86,14 @@ class RoundOutcome:
     Attributes:
         round: the round.
         closed: the rendezvous closed instead of completing this round.
-        participants: the nodes in rank order (empty when closed).
+        participants: the nodes in rank order (empty when closed, and in an
+            outcome read from the store: the lists travel in the round's
+            roster, each node's rank in its own answer).
         wait_list: the nodes waiting for the next round when it completed.
         redundancy_list: the nodes beyond ``max_nodes`` when it completed.
-        ranks: each participant's rank.
         error: why the steward could not decide this round (the state is
             corrupt), or ``None``.
+        world_size: the number of participants of a completed round.
     """
 
     round: int
@@ -99,5 +101,10 @@ class RoundOutcome:
     participants: tuple[_NodeDesc, ...] = ()
     wait_list: tuple[_NodeDesc, ...] = ()
     redundancy_list: tuple[_NodeDesc, ...] = ()
-    ranks: dict[_NodeDesc, int] = field(default_factory=dict, compare=False)
     error: str | None = None
+    world_size: int = 0
+
+    @property
+    def ranks(self) -> dict[_NodeDesc, int]:
+        """Each participant's rank."""
+        return {node: rank for rank, node in enumerate(self.participants)}

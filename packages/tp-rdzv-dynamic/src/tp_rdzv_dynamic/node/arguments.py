@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from tp_rdzv_dynamic.backends.backend import RendezvousBackend
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
-from tp_rdzv_dynamic.model.node_desc import MAX_ADDR_LENGTH, _NodeDesc, _NodeDescGenerator
+from tp_rdzv_dynamic.model.node_desc import _NodeDesc, _NodeDescGenerator, address_problem
+from tp_rdzv_dynamic.quoting import quoted
 from tp_rdzv_dynamic.settings import RendezvousSettings
 from tp_store import Store
 
@@ -54,13 +56,9 @@ def check_arguments(  # noqa: PLR0917 - the handler's documented signature
     checked = _check_settings(settings, run_id)
     if not isinstance(node_rank, int) or isinstance(node_rank, bool) or node_rank < 0:
         raise ValueError(f"node_rank must be an int >= 0, got {node_rank!r}")
-    if local_addr is not None and (
-        not isinstance(local_addr, str) or not 0 < len(local_addr) <= MAX_ADDR_LENGTH
-    ):
-        raise ValueError(
-            f"local_addr must be None or a str of 1 to {MAX_ADDR_LENGTH} characters, "
-            f"got {local_addr!r:.100}"
-        )
+    problem = None if local_addr is None else address_problem(local_addr)
+    if problem is not None:
+        raise ValueError(f"local_addr {quoted(local_addr)} {problem}")
     if not isinstance(backend_name, str) or not backend_name:
         raise ValueError(f"backend_name must be a non-empty str, got {backend_name!r}")
     holder = _check_holder(backend, state_holder, checked.run_id)
@@ -71,7 +69,7 @@ def check_arguments(  # noqa: PLR0917 - the handler's documented signature
             f"DynamicRendezvousHandler needs a tp_store.Store (store=...), got {store!r}"
         )
     if node is None:
-        node = generator.generate(local_addr)
+        node = generator.generate(cast(str | None, local_addr))  # checked above
     elif not isinstance(node, _NodeDesc):
         raise TypeError(f"node must be a _NodeDesc, got {node!r}")
     return HandlerArguments(node, checked, backend_name, store, holder, node_rank)

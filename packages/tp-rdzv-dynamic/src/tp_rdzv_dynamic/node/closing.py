@@ -12,7 +12,6 @@ from tp_rdzv_api import (
 )
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
-from tp_rdzv_dynamic.documents.codecs import encode_outcome
 from tp_rdzv_dynamic.model.decisions import Close, apply
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
@@ -52,7 +51,7 @@ def close_run(
         state, token, _ = holder.save(closing.state, token)
     # Wake the nodes waiting for a round, and the agents watching the completed one.
     for outcome in closing.outcomes:
-        board.publish(outcome.round, encode_outcome(outcome))
+        board.publish(outcome)
     if state.complete:
         board.mark_stale(state.round)
     board.close()

@@ -31,6 +31,7 @@ from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.steward.office import StewardOffice
 
 from .presence import NodePresence
+from .shared import TICK_BOARDS
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ class JoinTicks:
     of a process doing so fought for the GIL.
 
     Args:
-        board: the node's board; the ticks use a clone of it (at the first tick).
+        board: the node's board; the ticks use a clone of it (at the first tick),
+            shared with the other nodes of the run in this process.
         node: this node.
         office: the node's steward office (used from the ticks only while waiting).
         interval: the keep-alive interval.
@@ -218,16 +220,16 @@ class JoinTicks:
             self._join = None
 
     def close(self) -> None:
-        """Close the ticks' connection."""
+        """Done with the ticks' connection (the process's last node closes it)."""
         if self._board is not None:
-            self._board.store.close()
+            TICK_BOARDS.release(self._board)
             self._board = None
 
     def _tick(self) -> None:
         round_ = -1
         try:
             if self._board is None:
-                self._board = self._node_board.clone("the ticks' connection")
+                self._board = TICK_BOARDS.acquire(self._node_board)
             board = self._board
             present = self._presence.offered
             counter = self._presence.renewals if present else board.beat(self._node)

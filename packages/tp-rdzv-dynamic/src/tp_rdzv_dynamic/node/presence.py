@@ -14,6 +14,11 @@ was only frozen finds its session ended at its next ping: it opens a new one
 (a new token, so the steward ignores the old session's departure if it comes
 late) and, if it waits for a round, posts its join again.
 
+The nodes of one run in one process are present through one session
+(:mod:`.shared`: a process lives and dies whole), each with its own key, token
+and will; a node that leaves while others stay deletes its key and posts its
+departure itself, as the session's end would.
+
 Stores without sessions (PyTorch's TCPStore, FileStore, most user stores)
 keep heartbeat counters instead; :meth:`NodePresence.open` says which.
 """
@@ -25,10 +30,13 @@ import logging
 import secrets
 import threading
 
+from tp_rdzv_api import RendezvousError
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
-from tp_store import StoreError, StoreSession
+from tp_store import StoreError
+
+from .shared import PRESENCE_SESSIONS, SharedSession
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +48,8 @@ class NodePresence:
     thread keeps it alive.
 
     Args:
-        board: the node's board (the session has a connection of its own).
+        board: the node's board (the session has a connection of its own, shared
+            with the other nodes of the run in this process).
         node: this node.
         timeout: the liveness bound, in seconds.
     """
@@ -50,7 +59,8 @@ class NodePresence:
         self._node = node
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._session: StoreSession | None = None
+        self._shared: SharedSession | None = None
+        self._token = ""
         self._offered: bool | None = None  # unknown until the first open
         #: How many times the session was replaced after the store ended it.
         self.renewals = 0
@@ -79,15 +89,14 @@ class NodePresence:
         opened; the next call tries again.
         """
         with self._lock:
-            session = self._session
-            if session is not None:
+            shared = self._shared
+            if shared is not None:
                 try:
-                    session.keep_alive()
+                    shared.keep_alive()
                     return
                 except StoreError as exc:
-                    self._session = None
-                    with contextlib.suppress(StoreError):
-                        session.close()
+                    self._shared = None
+                    PRESENCE_SESSIONS.release(shared)
                     log_event(
                         log,
                         logging.WARNING,
@@ -103,21 +112,23 @@ class NodePresence:
     def close(self) -> None:
         """End the presence: the key goes and the steward is told the node is gone."""
         with self._lock:
-            session, self._session = self._session, None
-        if session is not None:
-            with contextlib.suppress(StoreError):
-                session.close()
+            shared, self._shared = self._shared, None
+        if shared is None or PRESENCE_SESSIONS.release(shared):
+            return  # closed with the session: the store did both
+        # Other nodes of this process stay present through the session.
+        with contextlib.suppress(RendezvousError):
+            self._board.be_absent(self._node, self._token)
 
     def _open(self) -> None:
-        """Open a session and be present through it (the lock held)."""
-        session = self._board.open_session(self._timeout, "this node's presence session")
-        self._offered = session is not None
-        if session is None:
+        """Be present through this process's session (the lock held)."""
+        shared = PRESENCE_SESSIONS.acquire(self._board, self._timeout)
+        self._offered = shared is not None
+        if shared is None:
             return
+        token = secrets.token_hex(16)
         try:
-            self._board.be_present(session, self._node, secrets.token_hex(16))
+            self._board.be_present(shared.session, self._node, token)
         except BaseException:
-            with contextlib.suppress(StoreError):
-                session.close()
+            PRESENCE_SESSIONS.release(shared)
             raise
-        self._session = session
+        self._shared, self._token = shared, token

@@ -29,7 +29,6 @@ from tp_rdzv_dynamic.documents.codecs import (
     Mail,
     decode_outcome,
     encode_liveness,
-    encode_outcome,
 )
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.decisions import (
@@ -186,9 +185,9 @@ class Steward:
             self._liveness.suspect(self._suspect, now, self._tick)
         if state.complete:
             key = self.board.keys.outcome(state.round)
-            published = self.board.publish(state.round, encode_outcome(state.outcome()))
+            published = self.board.publish(state.outcome())
             try:
-                members = len(decode_outcome(published, key).participants)
+                members = decode_outcome(published, key).world_size
             except RendezvousStateError as exc:
                 # Not what a steward wrote: its nodes must rendezvous again.
                 log.warning("rendezvous %r: a corrupt round outcome: %s", self.board.run_id, exc)
@@ -266,10 +265,15 @@ class Steward:
         over = any(isinstance(message, Gone) for message, _ in mail) and (
             self._state.closed or self.board.is_closed()
         )
+        joining: set[_NodeDesc] = set()
         for message, _ in mail:
             if not isinstance(message, Gone):
                 events.append(message)
-            elif over:
+                if isinstance(message, Join):
+                    joining.add(message.node)
+            elif over or not self._is_member(message.node, joining):
+                # A node that already left: the will of a session it shared with
+                # other nodes of its process fires when that session ends.
                 continue
             elif self.board.present_again(message):
                 self._event(
@@ -295,6 +299,14 @@ class Steward:
         self._watch_presence(joiners)
         return events
 
+    def _is_member(self, node: _NodeDesc, joining: set[_NodeDesc]) -> bool:
+        """Whether ``node`` is in the state, or ``joining`` in the batch under way."""
+        state = self._state
+        return node in joining or any(
+            node in listed
+            for listed in (state.participants, state.wait_list, state.redundancy_list)
+        )
+
     def _watch_presence(self, nodes: list[_NodeDesc]) -> None:
         """Watch those of ``nodes`` that have a presence key through their sessions.
 
@@ -317,11 +329,18 @@ class Steward:
             elif not self._liveness.tracks(node.key):
                 self._liveness.suspect(node.key, now, self._tick)
 
-    def _refresh_sampling(self) -> None:
-        """After the membership changed: whether some member's counter must be sampled."""
-        members = {node.key for node in self._state.members()}
-        self._present &= members
-        self._sampling = len(self._present) < len(members)
+    def _refresh_sampling(self, events: list[Event] | None = None) -> None:
+        """After the membership changed: whether some member's counter must be sampled.
+
+        Without leaves (or the closing), every node watched is still a member and
+        the counts tell: no pass over the members per batch of joins.
+        """
+        state = self._state
+        count = len(state.participants) + len(state.wait_list) + len(state.redundancy_list)
+        left = events is None or any(isinstance(event, Leave) for event in events)
+        if left or state.closed or len(self._present) > count:
+            self._present &= {node.key for node in state.members()}
+        self._sampling = len(self._present) < count
 
     def _beat(self) -> None:
         self._tenure.beat(self._round_hint())
@@ -395,6 +414,7 @@ class Steward:
         """
         self._unsaved.extend(events)
         before = self._state
+        started = time.monotonic()
         transition = apply(self._state, events, self.settings, last_call_expired=last_call_expired)
         self._state = transition.state
         urgent = (
@@ -410,7 +430,15 @@ class Steward:
         # this steward's lease before posting (it was still this steward's after
         # the drain), so they post them again to the next steward.
         self._taken = []
-        self._refresh_sampling()
+        self._refresh_sampling(events)
+        for round_ in transition.completed:
+            self._event(
+                logging.INFO,
+                "round_decided",
+                f"round {round_} decided and saved",
+                round_,
+                duration=time.monotonic() - started,
+            )
         self._announce(transition)
         if before.complete and before.round != self._stale_round:
             self._check_stale(before)
@@ -470,7 +498,8 @@ class Steward:
         """Publish the outcomes of the rounds that completed, then the counters."""
         for outcome in transition.outcomes:
             round_, members = outcome.round, outcome.participants
-            self.board.publish(round_, encode_outcome(outcome))
+            started = time.monotonic()
+            self.board.publish(outcome)
             # The record names the membership committed (a digest, not the
             # list): a log of these is what split-brain checks compare.
             log_event(
@@ -481,6 +510,7 @@ class Steward:
                 run_id=self.board.run_id,
                 node=self.node,
                 round_=round_,
+                duration=time.monotonic() - started,  # publishing: roster, answers, outcome
                 participants=members,
             )
         self._publish_counters()
@@ -516,7 +546,9 @@ class Steward:
         action: str,
         message: str,
         round_: int | None = None,
+        *,
         about: _NodeDesc | None = None,
+        duration: float | None = None,
     ) -> None:
         """A record of this steward's, or ``about`` another node (named in its ``node`` field)."""
         log_event(
@@ -527,6 +559,7 @@ class Steward:
             run_id=self.board.run_id,
             node=self.node if about is None else about,
             round_=self._state.round if round_ is None else round_,
+            duration=duration,
         )
 
     def _report(self, exc: RendezvousStateError) -> None:
@@ -535,4 +568,4 @@ class Steward:
             first = self.board.read_lease().round
             for round_ in (first, first + 1):
                 failed = RoundOutcome(round_, closed=False, error=str(exc))
-                self.board.publish(round_, encode_outcome(failed))
+                self.board.publish(failed)

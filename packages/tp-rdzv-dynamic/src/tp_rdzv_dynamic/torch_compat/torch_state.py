@@ -5,10 +5,11 @@ key ``torch.rendezvous.R``: the base64 of ``pickle.dumps`` of its
 ``_RendezvousState`` (round, complete, deadline, closed, participants,
 wait_list, redundancy_list, last_heartbeats; nodes are ``_NodeDesc``).
 
-Reading never calls ``pickle.loads``: a restricted unpickler resolves exactly
-PyTorch's two classes, to plain records of ours, and the ``datetime`` types
-the state holds; every other global is refused, so a store writer cannot make
-a reader run code. Writing emits the pickle opcodes of that one shape by hand,
+Reading never calls ``pickle.loads``: a restricted reader
+(:mod:`.restricted_pickle`) resolves exactly PyTorch's two classes, to plain
+records of ours, and the ``datetime`` types the state holds; every other
+global is refused, so a store writer cannot make a reader run code, nor spend
+more than a bounded time and memory. Writing emits the pickle opcodes of that one shape by hand,
 naming PyTorch's classes without importing PyTorch, so PyTorch reads it back
 as its own.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import pickle
 import struct
 from collections.abc import Mapping
@@ -26,6 +26,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tp_rdzv_api import RendezvousStateError
+from tp_rdzv_dynamic.model.node_desc import node_from_fields
+from tp_rdzv_dynamic.quoting import quoted
+
+from .restricted_pickle import MAX_PICKLE_BYTES, Record, load_records
 
 #: The module of PyTorch's rendezvous state classes (PyTorch 2.13).
 TORCH_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
@@ -45,12 +49,6 @@ _STATE_FIELDS = frozenset(
     }
 )
 _NODE_FIELDS = ("addr", "pid", "local_id")
-#: The datetime types a state holds (deadline, heartbeats); they build plain values only.
-_DATETIME_TYPES: dict[str, type] = {
-    "datetime": datetime,
-    "timezone": timezone,
-    "timedelta": timedelta,
-}
 
 
 @dataclass(frozen=True, order=True)
@@ -82,67 +80,77 @@ class TorchRendezvousState:
 # -- reading ---------------------------------------------------------------------------
 
 
-class _Record:
-    """What a PyTorch object unpickles to: the attribute dict it was saved with, unchecked."""
+class _StateRecord(Record):
+    """PyTorch's ``_RendezvousState`` as read: its attribute dict, checked by :func:`_state`."""
 
     def __init__(self) -> None:
-        self.fields: dict[str, Any] = {}
+        self.fields: dict[Any, Any] = {}
 
     def __setstate__(self, state: object) -> None:
         if not isinstance(state, dict):
-            raise pickle.UnpicklingError(f"{type(self).__name__} state is not a dict")
+            raise pickle.UnpicklingError("the _RendezvousState's state is not a dict")
         self.fields = state
 
 
-class _StateRecord(_Record):
-    pass
+class _NodeRecord(Record):
+    """PyTorch's ``_NodeDesc`` as read: checked when given its attributes, before
+    anything hashes it (nodes are dict keys and set members)."""
 
+    def __init__(self) -> None:
+        self.node: TorchNode | None = None
 
-class _NodeRecord(_Record):
-    # Nodes are dict keys and set members: they hash by their attributes.
-    def _identity(self) -> tuple[Any, ...]:
-        return tuple(self.fields.get(name) for name in _NODE_FIELDS)
+    def __setstate__(self, state: object) -> None:
+        if not isinstance(state, dict) or state.keys() != set(_NODE_FIELDS):
+            raise pickle.UnpicklingError(f"a _NodeDesc's state is not a dict of {_NODE_FIELDS}")
+        try:
+            node = node_from_fields(state["addr"], state["pid"], state["local_id"])
+        except ValueError as exc:
+            raise pickle.UnpicklingError(f"a malformed _NodeDesc: {exc}") from exc
+        self.node = TorchNode(node.addr, node.pid, node.local_id)
 
     def __hash__(self) -> int:
-        return hash(self._identity())
+        return hash(self.node)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _NodeRecord) and self._identity() == other._identity()
+        return isinstance(other, _NodeRecord) and self.node == other.node
 
 
-_TORCH_CLASSES: dict[str, type] = {"_RendezvousState": _StateRecord, "_NodeDesc": _NodeRecord}
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Resolves PyTorch's two state classes to records and the datetime types; nothing else."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == TORCH_MODULE and name in _TORCH_CLASSES:
-            return _TORCH_CLASSES[name]
-        if module == "datetime" and name in _DATETIME_TYPES:
-            return _DATETIME_TYPES[name]
-        raise pickle.UnpicklingError(f"refusing the global {module}.{name}")
-
-    def persistent_load(self, pid: object) -> Any:
-        raise pickle.UnpicklingError("refusing a persistent id")
+_RECORDS: dict[tuple[str, str], type[Record]] = {
+    (TORCH_MODULE, "_RendezvousState"): _StateRecord,
+    (TORCH_MODULE, "_NodeDesc"): _NodeRecord,
+}
+#: The datetime types a state holds (deadline, heartbeats); they build plain values only.
+_CONSTRUCTORS: dict[tuple[str, str], type] = {
+    ("datetime", kind.__name__): kind for kind in (datetime, timezone, timedelta)
+}
+#: The longest value read: the base64 of the largest pickle read.
+MAX_STATE_BYTES = 4 * -(-MAX_PICKLE_BYTES // 3)
 
 
 def decode_torch_state(value: bytes, where: str) -> TorchRendezvousState:
     """The state in ``value`` (base64 of PyTorch's pickle), checked field by field.
 
+    Reading is bounded (:mod:`.restricted_pickle`): whatever ``value`` holds,
+    it takes well under a second and tens of MiB at most.
+
     Raises:
         RendezvousStateError: naming ``where``, when ``value`` is not a state
-            PyTorch's c10d backend wrote.
+            PyTorch's c10d backend wrote, or is longer than :data:`MAX_STATE_BYTES`.
     """
+    if len(value) > MAX_STATE_BYTES:
+        raise RendezvousStateError(
+            f"{where} holds {len(value)} bytes, more than the {MAX_STATE_BYTES} "
+            "of the largest PyTorch state read"
+        )
     try:
         pickled = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise RendezvousStateError(f"{where} is not base64 ({exc})") from exc
     try:
-        record = _RestrictedUnpickler(io.BytesIO(pickled)).load()
-    except Exception as exc:  # a malformed pickle fails in many ways; none may escape
+        record = load_records(pickled, _RECORDS, _CONSTRUCTORS)
+    except pickle.UnpicklingError as exc:
         raise RendezvousStateError(
-            f"{where} is not a PyTorch c10d rendezvous state: {type(exc).__name__}: {exc}"
+            f"{where} is not a PyTorch c10d rendezvous state: {exc}"
         ) from exc
     try:
         return _state(record)
@@ -154,10 +162,10 @@ def _state(record: object) -> TorchRendezvousState:
     if not isinstance(record, _StateRecord):
         raise TypeError(f"the pickle holds a {type(record).__name__}, not a _RendezvousState")
     fields = record.fields
-    unknown = fields.keys() - _STATE_FIELDS
+    unknown = [name for name in fields if name not in _STATE_FIELDS]
     missing = _STATE_FIELDS - {"redundancy_list"} - fields.keys()
     if unknown or missing:
-        raise ValueError(f"unknown attributes {sorted(unknown)}, missing {sorted(missing)}")
+        raise ValueError(f"unknown attributes {quoted(unknown)}, missing {sorted(missing)}")
     deadline = fields["deadline"]
     if deadline is not None and not isinstance(deadline, datetime):
         raise TypeError(f"deadline is a {type(deadline).__name__}")
@@ -185,13 +193,9 @@ def _check(value: object, kind: type, what: str) -> Any:
 def _node(value: object, what: str) -> TorchNode:
     if not isinstance(value, _NodeRecord):
         raise TypeError(f"{what} holds a {type(value).__name__}, not a _NodeDesc")
-    if set(value.fields) != set(_NODE_FIELDS):
-        raise ValueError(f"{what} holds a node with attributes {sorted(value.fields)}")
-    return TorchNode(
-        _check(value.fields["addr"], str, f"{what} addr"),
-        _check(value.fields["pid"], int, f"{what} pid"),
-        _check(value.fields["local_id"], int, f"{what} local_id"),
-    )
+    if value.node is None:
+        raise ValueError(f"{what} holds a _NodeDesc without attributes")
+    return value.node
 
 
 def _nodes(value: object, what: str) -> set[TorchNode]:

@@ -74,8 +74,10 @@ log = logging.getLogger("tp_store.server")
 #: Listen backlog: a job's nodes connect at once; the kernel caps it at somaxconn.
 DEFAULT_BACKLOG = 4096
 _MAX_BACKLOG = 2**31 - 1
-#: Open connections a server accepts at most (a few per node of a big job).
-DEFAULT_MAX_CONNECTIONS = 16384
+#: Open connections a server accepts at most by default, open files allowing:
+#: a rendezvous node holds its store connection, and a process of nodes its
+#: presence session's and its ticks' (torchrun: three per node).
+DEFAULT_MAX_CONNECTIONS = 65536
 #: Seconds a request may take to arrive whole from its first byte (the TLS
 #: handshake too): generous for an 8 MiB value on a slow link.
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -472,7 +474,9 @@ class StoreServer:
             before anything but the handshake; None: open to every client.
         max_connections: connections beyond this many open (TLS handshakes
             under way included) are closed as soon as accepted (counted, and
-            logged at most once a second).
+            logged at most once a second). ``None``: as many as the open-file
+            limit allows once raised to the hard limit, at most
+            :data:`DEFAULT_MAX_CONNECTIONS`.
         request_timeout: seconds a request may take to arrive whole from its
             first byte; also bounds the TLS handshake and, with a secret, the
             time from connecting to being authenticated.
@@ -492,7 +496,7 @@ class StoreServer:
         listen_fd: int | None = None,
         ssl: ssl.SSLContext | None = None,
         secret: bytes | None = None,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections: int | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
@@ -500,8 +504,9 @@ class StoreServer:
             raise ValueError(f"port must be in 0..65535, got {port}")
         if not 1 <= backlog <= _MAX_BACKLOG:  # listen(2) takes a C int
             raise ValueError(f"backlog must be in 1..{_MAX_BACKLOG}, got {backlog}")
-        if isinstance(max_connections, bool) or not (
-            isinstance(max_connections, int) and max_connections >= 1
+        if max_connections is not None and (
+            isinstance(max_connections, bool)
+            or not (isinstance(max_connections, int) and max_connections >= 1)
         ):
             raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
         if isinstance(request_timeout, bool) or not (
@@ -524,7 +529,10 @@ class StoreServer:
         self.memory_budget = memory_budget
         self.ssl = ssl
         self.secret = None if secret is None else check_secret(secret)
-        self.max_connections = max_connections
+        self._fit_open_files = max_connections is None
+        self.max_connections = (
+            DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
+        )
         self.request_timeout = float(request_timeout)
         limits = self.limits
         self.state = StoreState(
@@ -569,7 +577,9 @@ class StoreServer:
     async def start(self) -> None:
         """Bind and start accepting (raises ``OSError`` if the address is taken)."""
         loop = self.loop = asyncio.get_running_loop()
-        raise_open_file_limit(self.max_connections)
+        open_files = raise_open_file_limit(self.max_connections, warn=not self._fit_open_files)
+        if self._fit_open_files:
+            self.max_connections = max(1, min(self.max_connections, open_files - _SPARE_FILES))
         if self._listen_fd is not None:
             sock = socket.socket(fileno=self._listen_fd)
             sock.listen(self.backlog)
@@ -766,10 +776,11 @@ class StoreServer:
 _SPARE_FILES = 64
 
 
-def raise_open_file_limit(max_connections: int) -> None:
+def raise_open_file_limit(max_connections: int, *, warn: bool = True) -> int:
     """Raise the soft limit on open files as far as ``max_connections`` need (up to
-    the hard limit); warn when it stays below, as connections past it are reset
-    by the kernel with no log line."""
+    the hard limit); with ``warn``, warn when it stays below, as connections past
+    it are reset by the kernel with no log line. Returns the soft limit (a large
+    number when unlimited)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = max_connections + _SPARE_FILES
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -777,7 +788,9 @@ def raise_open_file_limit(max_connections: int) -> None:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    if soft == resource.RLIM_INFINITY:
+        return 2**31
+    if warn and soft < wanted:
         log.warning(
             "the open-file limit (%d) is below max_connections (%d) plus %d spare: "
             "connections past it will be refused by the system; raise it (ulimit -n)",
@@ -786,6 +799,7 @@ def raise_open_file_limit(max_connections: int) -> None:
             _SPARE_FILES,
             extra={"action": "open_file_limit", "reason": "RLIMIT_NOFILE"},
         )
+    return soft
 
 
 def _bind_with_retry(host: str, port: int, backlog: int) -> list[socket.socket]:

@@ -1,0 +1,71 @@
+"""Counting a node process's etcd requests by method and by key family (benchmarks only).
+
+:func:`count_requests` wraps ``EtcdGateway``'s two entry points in the node
+processes of ``spread.py`` when the bench asks for it: every unary call is
+counted as ``<path> <family>`` and every watch opened as ``watch <family>``,
+where the family is the rendezvous key it touches with the run's prefix and
+the node names taken out (``mailbox``, ``present``, ``result``, ``rcpt``...;
+``bootstrap``: the round's own keys, where rank 0 publishes the workers' store).
+etcd's own counters (``grpc_server_handled_total``) give the totals; these say
+which keys they were for.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import re
+import threading
+from typing import Any
+
+_COUNTS: collections.Counter[str] = collections.Counter()
+_LOCK = threading.Lock()
+# tp_rdzv/<run>/<family>..., escaped ('/' as %2F) inside the etcd key <prefix><key>/<part>
+_FAMILY = re.compile(rb"tp_rdzv%2F[^%/]*%2F([A-Za-z_]+)")
+
+
+def family(body: dict[str, Any]) -> str:
+    """The rendezvous key family a request body names (its first key)."""
+    key = body.get("key")
+    if key is None:
+        for op in [*body.get("success", []), *body.get("compare", [])]:
+            inner = next(iter(op.values())) if "key" not in op else op
+            key = inner.get("key") if isinstance(inner, dict) else None
+            if key is not None:
+                break
+    if key is None:
+        return "-"
+    raw = base64.b64decode(key)
+    found = _FAMILY.search(raw)
+    if found is not None:
+        name = found.group(1).decode()
+        return "bootstrap" if name == "r" else name  # r<round>/: the round's own keys
+    return "round-store" if b"%2Fr" in raw else raw[-24:].decode(errors="replace")
+
+
+def count_requests() -> None:
+    """Count every etcd request of this process from now on."""
+    from tp_rdzv_etcd.gateway import EtcdGateway
+
+    call, open_watch = EtcdGateway.call, EtcdGateway.open_watch
+
+    def counted_call(self: EtcdGateway, path: str, body: Any, *args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            _COUNTS[f"{path} {family(body)}"] += 1
+        return call(self, path, body, *args, **kwargs)
+
+    def counted_watch(self: EtcdGateway, request: Any, *args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            _COUNTS[f"watch {family(request)}"] += 1
+        return open_watch(self, request, *args, **kwargs)
+
+    EtcdGateway.call = counted_call  # type: ignore[method-assign]
+    EtcdGateway.open_watch = counted_watch  # type: ignore[method-assign]
+
+
+def take_counts() -> dict[str, int]:
+    """The counts since the last take, and start again from zero."""
+    with _LOCK:
+        counts = dict(_COUNTS)
+        _COUNTS.clear()
+    return counts

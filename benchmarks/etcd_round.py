@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The spread round on etcd: N nodes over P processes, every node its own handler,
+``EtcdStore`` and lease, ``min_nodes = max_nodes = N``, default settings (``spread.py``).
+
+For each ``N:P`` case the bench starts a fresh etcd (one member for
+``--cases``; three on loopback for ``--kill-cases``, the leader killed
+``--kill-leader`` seconds into the round), runs one round, checks ranks
+0..N-1, and reports the time from the start signal to the last node's return,
+etcd's requests in the round by gRPC method (the messages the members
+received, ``grpc_server_msg_received_total``, every member summed: each
+keep-alive on a stream counts, as each watch request does) and per node, the
+nodes' requests by method and key family (counted in the node processes,
+:mod:`etcd_requests`), and the members' CPU seconds (per node).
+A kill case's round must still complete with every node. One command runs
+them all, writing ``results/etcd_round.json`` and ``results/etcd_round_kill.json``
+(``report.py`` makes the report's etcd section of them):
+
+    python benchmarks/etcd_round.py [--etcd-binary /usr/bin/etcd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hostinfo import host_info, load_average, versions
+from metrics import write_results
+from spread import (
+    ROUND_CONFIG,
+    SpreadCase,
+    SpreadGroup,
+    StoreProcess,
+    process_cpu_seconds,
+    split,
+)
+
+from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "etcd_round.json"
+KILL_OUT = HERE / "results" / "etcd_round_kill.json"
+CASES = "128:4,1000:8,2000:8,4000:16"
+KILL_CASES = "1000:8"
+KILL_AFTER = 1.5
+# Messages, not calls: a stream's keep-alives each count (a call counts once, at its end).
+_RECEIVED = re.compile(
+    r'^grpc_server_msg_received_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M
+)
+
+
+class LocalEtcdView:
+    """Some members of a cluster, for :func:`received`."""
+
+    def __init__(self, members: list[Any]) -> None:
+        self.members = members
+
+
+def received(cluster: LocalEtcd | LocalEtcdView) -> dict[str, int]:
+    """Requests the live members have received so far, by gRPC method (all members summed):
+    unary calls, keep-alives and watch requests alike."""
+    counts: dict[str, int] = {}
+    for member in cluster.members:
+        if not member.alive():
+            continue
+        try:
+            with urllib.request.urlopen(member.client_url + "/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            continue
+        for method, value in _RECEIVED.findall(text):
+            counts[method] = counts.get(method, 0) + int(float(value))
+    return counts
+
+
+def members_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # killed: _kill_leader noted its CPU
+            total += process_cpu_seconds(pid)
+    return total
+
+
+def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[str, Any]:
+    spec = {
+        "impl": "ours",
+        "run_id": f"bench-etcd-{case.nodes}-{uuid.uuid4().hex[:8]}",
+        "min_nodes": case.nodes,
+        "max_nodes": case.nodes,
+        "config": ROUND_CONFIG,
+        "timeout": args.timeout,
+        "count_requests": True,
+        # A lease of its own per node, as one node per host has: its grant is a request
+        # of the round, its keep-alives etcd's cost (a process's nodes would share one).
+        "session_per_node": True,
+    }
+    with LocalEtcd(args.members, binary=binary) as cluster:
+        pids = [member.pid for member in cluster.members if member.pid is not None]
+        # The process SpreadGroup times: one that lives through the round (a follower).
+        leader = cluster.leader()
+        lasting = next((m for m in cluster.members if m is not leader), leader).pid
+        assert lasting is not None
+        group = SpreadGroup(
+            StoreProcess(cluster.endpoints, lasting, store="etcd"), args.timeout, None
+        )
+        try:
+            for count in split(case.nodes, case.processes):
+                group.start(spec | {"count": count})
+            group.collect("ready", group.slots, max(args.timeout, 120))
+            for node in group.nodes:
+                node.tell("requests")  # set-up's requests are not the round's
+            group.collect("requests", group.slots, args.timeout)
+            before, cpu = received(cluster), members_cpu(pids)
+            killed: dict[str, Any] = {}
+            if args.kill_leader is not None:
+                timer = threading.Timer(args.kill_leader, _kill_leader, (cluster, killed))
+                timer.start()
+            result = group.first_round(case.nodes)
+            cpu = members_cpu(pids) + killed.get("cpu", 0.0) - cpu
+            after = received(cluster)
+            for method, count in killed.get("requests", {}).items():
+                after[method] = after.get(method, 0) + count
+            for node in group.nodes:
+                node.tell("requests")
+            reported = group.collect("requests", group.slots, args.timeout)
+        finally:
+            group.stop()
+    methods = {
+        m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) > before.get(m, 0)
+    }
+    families: dict[str, int] = {}
+    for message in reported.values():
+        for name, count in message["counts"].items():
+            families[name] = families.get(name, 0) + count
+    total = sum(methods.values())
+    return {
+        "nodes": case.nodes,
+        "processes": case.processes,
+        "members": args.members,
+        "round": result.to_json() | {"returns": None, "server_cpu": None},
+        "seconds": round(result.last, 3),
+        "etcd_cpu": round(cpu, 3),
+        "etcd_cpu_ms_per_node": round(1000 * cpu / case.nodes, 3),
+        "requests": methods,
+        "requests_per_node": round(total / case.nodes, 2),
+        "client_requests": dict(sorted(families.items(), key=lambda item: -item[1])),
+        "killed_leader": None if not killed else {"member": killed["member"]},
+        "load": load_average(),
+    }
+
+
+def _kill_leader(cluster: LocalEtcd, killed: dict[str, Any]) -> None:
+    """Kill the leader, noting its requests and CPU until then (they count in the round)."""
+    leader = cluster.leader()
+    assert leader.pid is not None
+    requests = received(LocalEtcdView([leader]))
+    cpu = process_cpu_seconds(leader.pid)
+    leader.kill()
+    killed.update(member=leader.name, at=time.monotonic(), requests=requests, cpu=cpu)
+
+
+def run_cases(
+    cases: str,
+    *,
+    members: int,
+    kill_leader: float | None,
+    args: argparse.Namespace,
+    binary: str,
+    out: Path,
+) -> None:
+    """Every ``N:P`` case of ``cases`` on a fresh cluster of ``members``; results to ``out``."""
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    setup = argparse.Namespace(**(vars(args) | {"members": members, "kill_leader": kill_leader}))
+    runs = []
+    for text in cases.split(","):
+        case = SpreadCase.parse(text)
+        try:
+            run = run_case(case, setup, binary)
+        except (RuntimeError, TimeoutError) as exc:
+            run = {"nodes": case.nodes, "processes": case.processes, "error": str(exc)[:2000]}
+        print(run, flush=True)
+        runs.append(run)
+    write_results(
+        out,
+        {
+            "benchmark": "etcd_round",
+            "date": date,
+            "host": host_info() | {"load_average_at_end": load_average()},
+            "versions": versions(["ours"]) | {"etcd": etcd_version(binary)},
+            "config": {"members": members, "kill_leader": kill_leader, "settings": ROUND_CONFIG},
+            "runs": runs,
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cases", default=CASES, help=f"N:P,... on one member, '' for none (default {CASES})"
+    )
+    parser.add_argument(
+        "--kill-cases",
+        default=KILL_CASES,
+        help=f"N:P,... on three members, the leader killed, '' for none (default {KILL_CASES})",
+    )
+    parser.add_argument(
+        "--kill-leader",
+        type=float,
+        default=KILL_AFTER,
+        help=f"seconds into a kill case's round the leader dies (default {KILL_AFTER})",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per round")
+    parser.add_argument("--etcd-binary", help="default: $TP_ETCD_BINARY, etcd on PATH, ...")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the one-member results")
+    parser.add_argument("--kill-out", type=Path, default=KILL_OUT, help="the kill cases' results")
+    args = parser.parse_args(argv)
+    binary = find_etcd(args.etcd_binary)
+    if binary is None:
+        sys.exit("no etcd binary (--etcd-binary)")
+    if args.cases:
+        run_cases(args.cases, members=1, kill_leader=None, args=args, binary=binary, out=args.out)
+    if args.kill_cases:
+        run_cases(
+            args.kill_cases,
+            members=3,
+            kill_leader=args.kill_leader,
+            args=args,
+            binary=binary,
+            out=args.kill_out,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

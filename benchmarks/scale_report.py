@@ -1,0 +1,141 @@
+"""The large-round section of the benchmark report: ``scale_bench.py``'s results and plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from report_parts import (
+    OURS_COLOR,
+    TORCH_COLOR,
+    Run,
+    escape,
+    load_run,
+    machine_caption,
+    markdown_table,
+    number,
+    pyplot,
+    save,
+)
+
+HERE = Path(__file__).resolve().parent
+SCALE_JSON = HERE / "results" / "scale_bench.json"
+SCALE_PNG = "rendezvous-scale.png"
+
+
+def load() -> Run | None:
+    return load_run(SCALE_JSON)
+
+
+def _runs(run: Run) -> list[dict]:
+    return [r for r in run.data.get("runs", []) if "error" not in r]
+
+
+def plot(run: Run, path: Path) -> str:
+    """Time and CPU per node against N, log-log, with the fitted slopes; the alt text."""
+    plt = pyplot()
+    runs = _runs(run)
+    slopes = run.data.get("slopes", {})
+    nodes = [r["nodes"] for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.loglog(nodes, [r["last"] for r in runs], "o-", color=OURS_COLOR, label="last return")
+    left.loglog(
+        nodes, [r["first"] for r in runs], "o--", color=OURS_COLOR, alpha=0.5, label="first"
+    )
+    left.set_xlabel("nodes N")
+    left.set_ylabel("seconds from the start signal")
+    left.set_title(f"round time (slope {slopes.get('last')})", fontsize=10)
+    right.loglog(
+        nodes,
+        [r["nodes_cpu_ms_per_node"] for r in runs],
+        "o-",
+        color=OURS_COLOR,
+        label=f"node processes (slope {slopes.get('nodes_cpu_ms_per_node')})",
+    )
+    right.loglog(
+        nodes,
+        [r["server_cpu_ms_per_node"] for r in runs],
+        "s-",
+        color=TORCH_COLOR,
+        label=f"store server (slope {slopes.get('server_cpu_ms_per_node')})",
+    )
+    right.set_xlabel("nodes N")
+    right.set_ylabel("CPU ms per node")
+    right.set_title("CPU per node per round", fontsize=10)
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.25)
+    fig.suptitle(machine_caption(run), fontsize=8, color="#555555")
+    save(fig, path)
+    plt.close(fig)
+    points = "; ".join(
+        f"{r['nodes']} nodes: {r['last']:.2f} s, {r['nodes_cpu_ms_per_node']:.2f} ms and "
+        f"{r['server_cpu_ms_per_node']:.3f} ms CPU per node"
+        for r in runs
+    )
+    return f"Log-log plots of the round time and the CPU per node against N: {points}"
+
+
+def section(run: Run | None, alts: dict[str, str]) -> str:
+    """The Markdown of the section (empty before ``scale_bench.py`` ran)."""
+    if run is None:
+        return ""
+    rows = []
+    for r in run.data.get("runs", []):
+        if "error" in r:
+            rows.append([escape(r["case"]), "failed", *["—"] * 7, escape(r["error"][:120])])
+            continue
+        split = r.get("split", {})
+        rows.append(
+            [
+                escape(r["case"]),
+                number(r["last"]),
+                number(r["first"]),
+                number(r["server_cpu_ms_per_node"]),
+                number(r["nodes_cpu_ms_per_node"]),
+                number(r["bytes_sent_per_node"]),
+                " / ".join(number(split.get(k)) for k in ("joins", "decision", "answers")),
+                number(split.get("publish")),
+                str(len(r.get("removed", []))),
+                escape(str(r.get("load"))),
+            ]
+        )
+    header = [
+        "case",
+        "last return (s)",
+        "first (s)",
+        "server CPU ms/node",
+        "nodes' CPU ms/node",
+        "server B sent/node",
+        "joins / decision / answers (s)",
+        "publish (s)",
+        "live nodes removed",
+        "load (1, 5, 15 min)",
+    ]
+    slopes = run.data.get("slopes", {})
+    interval = run.data.get("switch_interval") or 0.005
+    out = [
+        "## Large rounds: 1,000 to 16,000 nodes\n",
+        f"![{escape(alts[SCALE_PNG])}]({SCALE_PNG})\n",
+        "`python benchmarks/scale_bench.py`: the spread scenario (N nodes over P processes, "
+        "each node its own handler and store connection, the server alone in its own "
+        "process, one start signal; the nodes of one process share one presence session "
+        "and one connection for their ticks, so the server holds about N + 2P connections "
+        "where a deployment of one node per host holds 2N: this machine's 20,000 open files "
+        "could not hold 2N at 10,000 nodes, and opening N sessions would add to the "
+        "joins) at 1,000 / 4,000 / 10,000 / 16,000 nodes, ours only. "
+        "*Joins*: from the start signal until the steward began the batch that completed "
+        "the round; *decision*: that batch decided and the state saved; *answers*: from then "
+        "to the last return, including *publish* (the steward writing the roster, the "
+        "per-node answers and the outcome). CPU is the server process's and all node "
+        "processes' over the round, per node; bytes are what the server sent in the round, "
+        "per node. Ranks are checked to be exactly 0..N-1; a removal record naming any node "
+        "(all are alive) counts in *live nodes removed*.\n",
+        markdown_table(header, rows, "lrrrrrrrrl") + "\n",
+        f"Node processes' switch interval: {interval} s (CPython's default 0.005: with "
+        "hundreds of node threads a process, every thread waiting for the GIL wakes each "
+        "interval, which the default makes most of the node processes' CPU; a real node "
+        "process has a few threads). "
+        f"Fitted log-log slopes against N: {escape(str(slopes))} (1 is linear; 0 is flat). "
+        f"Limits: {escape('; '.join(run.data.get('limits', [])))}. Run of {run.date}.\n",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,126 @@
+"""``tp-rdzv status`` and ``close`` stay in the operator's hands whatever the store holds.
+
+A store writer chooses the bytes at PyTorch's state key, which both commands
+read first: they must end in one line, and Ctrl-C (SIGINT) must stop them in
+every phase. Real ``tp-rdzv`` processes against a real store (or a listener
+that never answers, for the phases that wait on the network).
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import signal
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from cli_support import TIMEOUT, Command, one_line_error, run_tp_rdzv, unique_run_id
+
+from tp_rdzv_dynamic.torch_compat.torch_state import (
+    TorchNode,
+    TorchRendezvousState,
+    encode_torch_state,
+)
+from tp_store import TCPStore
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def hash_bomb(levels: int = 64) -> bytes:
+    """PyTorch's stored state with a node whose address is a tree of ``levels`` levels of
+    tuples, each holding the level below twice through the memo (1.5 KB; 2**64 steps
+    for an unpickler that hashes it)."""
+    tree = pickle.SHORT_BINUNICODE + b"\x01x" + pickle.TUPLE1 + pickle.MEMOIZE
+    for level in range(levels):
+        get = pickle.LONG_BINGET + struct.pack("<I", level)
+        tree += get + get + pickle.TUPLE2 + pickle.MEMOIZE
+    address = "placeholder"
+    state = TorchRendezvousState(participants={TorchNode(address, 1, 0): 0})
+    pickled = base64.b64decode(encode_torch_state(state))
+    text = pickle.BINUNICODE + struct.pack("<I", len(address)) + address.encode()
+    return base64.b64encode(pickled.replace(text, tree))
+
+
+#: A state of 700,000 empty sets (in bounds for size, not for what it builds).
+SET_FLOOD = base64.b64encode(pickle.PROTO + b"\x04" + pickle.EMPTY_SET * 700_000)
+
+
+@pytest.fixture
+def run_with(store: str) -> Callable[[bytes], str]:
+    """``run_with(value)``: a new run id whose PyTorch state key holds ``value``."""
+    host, port = store.rsplit(":", 1)
+    client = TCPStore(host, int(port), timeout=30)
+
+    def write(value: bytes) -> str:
+        run_id = unique_run_id()
+        client.set(f"torch.rendezvous.{run_id}", value)
+        return run_id
+
+    return write
+
+
+@pytest.mark.parametrize("command", ["status", "close"])
+@pytest.mark.parametrize("value", [hash_bomb(), SET_FLOOD], ids=["hash-bomb", "set-flood"])
+def test_a_hostile_pytorch_state_is_one_line_and_a_failure(store, run_with, command, value):
+    run_id = run_with(value)
+    result = run_tp_rdzv(command, "--endpoint", store, "--run-id", run_id)
+    line = one_line_error(result, EXIT_FAILED)
+    assert "is not a PyTorch c10d rendezvous state" in line
+    assert len(line) < 1000
+
+
+@pytest.fixture
+def silent_store() -> Iterator[socket.socket]:
+    """A listener on loopback that accepts connections and never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(TIMEOUT)
+        yield listener
+
+
+def interrupted(command: Command) -> tuple[int, str, float]:
+    """Send SIGINT; the exit code, stderr and the seconds the command took to exit."""
+    sent = time.monotonic()
+    command.signal(signal.SIGINT)
+    code, err = command.wait()
+    return code, err, time.monotonic() - sent
+
+
+def assert_few_lines(err: str) -> None:
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) <= 2, err
+
+
+@pytest.mark.parametrize("command", ["status", "close"])
+@pytest.mark.parametrize("phase", ["connecting", "awaiting-a-reply"])
+def test_ctrl_c_stops_a_command_waiting_on_the_store(tp_rdzv, silent_store, command, phase):
+    port = silent_store.getsockname()[1]
+    running = tp_rdzv(
+        command, "--endpoint", f"127.0.0.1:{port}", "--run-id", "job", "--timeout", "600"
+    )
+    connection, _ = silent_store.accept()
+    with connection:
+        if phase == "awaiting-a-reply":
+            connection.settimeout(TIMEOUT)
+            assert connection.recv(1), "the command sent no request"
+        code, err, seconds = interrupted(running)
+    assert code == EXIT_INTERRUPTED, err
+    assert_few_lines(err)
+    print(f"{command} ({phase}) exited {seconds:.2f} s after SIGINT")
+
+
+@pytest.mark.parametrize("command", ["status", "close"])
+@pytest.mark.parametrize("delay", [0.0, 0.1, 0.3, 0.6, 1.0])
+def test_ctrl_c_at_any_moment_ends_a_command_in_a_line(tp_rdzv, store, run_with, command, delay):
+    # Starting, importing, connecting, reading, decoding the flood: wherever the
+    # signal lands, the command ends cleanly (SIGINT before Python installs its
+    # handler ends it at once, with no output).
+    running = tp_rdzv(command, "--endpoint", store, "--run-id", run_with(SET_FLOOD))
+    time.sleep(delay)  # where the signal lands, not a wait for something to happen
+    code, err, seconds = interrupted(running)
+    assert code in {EXIT_INTERRUPTED, EXIT_FAILED, -signal.SIGINT}, err
+    assert_few_lines(err)
+    print(f"{command} after {delay} s: exit {code}, {seconds:.2f} s after SIGINT")

@@ -1,0 +1,345 @@
+"""Lease keep-alives over etcd's gRPC API: one ``LeaseKeepAlive`` stream per process.
+
+Through the JSON gateway every keep-alive is a request of its own, which
+the gateway turns into a gRPC stream opened and closed inside etcd: about
+0.7 ms of etcd's CPU each (``benchmarks/etcd_sessions.py``). On one
+long-lived gRPC stream a keep-alive is one small message, about half that. So
+the sessions of a process share a :class:`LeaseKeeper` per cluster: one
+HTTP/2 connection, one bidirectional stream, every lease's keep-alives on it;
+the answers name their lease and go to whoever waits for it.
+
+The two messages are tiny (``LeaseKeepAliveRequest``: field 1, the lease ID;
+``LeaseKeepAliveResponse``: field 1 a header, 2 the ID, 3 the TTL left), so
+they are encoded here as protocol buffers by hand, without generated code.
+
+When a stream breaks (its member died, or lost its leader: the stream asks
+for one with ``hasleader``), the keep-alives waiting on it fail with the
+stream's gRPC status code, and the next one opens a stream on the next
+member. Only plain or TLS members without etcd authentication use it; the
+gateway serves the rest (and everything when ``grpcio`` is missing).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .endpoints import Endpoint
+from .gateway import TlsFiles
+
+try:
+    import grpc
+except ImportError:  # pragma: no cover - grpcio is a dependency; a broken install falls back
+    grpc = None
+
+_METHOD = "/etcdserverpb.Lease/LeaseKeepAlive"
+#: Ask the member to end the stream when it has no leader, so the keep-alive goes elsewhere.
+_METADATA = (("hasleader", "true"),)
+#: gRPC UNAVAILABLE: what a keep-alive reports when its stream broke.
+UNAVAILABLE = 14
+#: Seconds during which keep-alives that nobody waits for gather into one burst.
+COALESCE = 0.5
+
+
+def available() -> bool:
+    """Whether gRPC keep-alives can be used here (``grpcio`` imports)."""
+    return grpc is not None
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def encode_request(lease: int) -> bytes:
+    """A ``LeaseKeepAliveRequest`` for ``lease`` (field 1, varint)."""
+    return b"\x08" + _varint(lease)
+
+
+def decode_response(data: bytes) -> tuple[int, int]:
+    """``(ID, TTL)`` of a ``LeaseKeepAliveResponse`` (missing fields are 0).
+
+    Raises ``ValueError`` on bytes that are not one.
+    """
+    fields: dict[int, int] = {}
+    index = 0
+    while index < len(data):
+        tag, index = _read_varint(data, index)
+        field, wire_type = tag >> 3, tag & 7
+        number, index = _read_varint(data, index)
+        if wire_type == 2:  # length-delimited (the header): skip it
+            index += number
+        elif wire_type != 0:
+            raise ValueError(f"unexpected wire type {wire_type} in a keep-alive answer")
+        else:
+            fields[field] = number
+    if index != len(data):
+        raise ValueError("a truncated keep-alive answer")
+    return _signed(fields.get(2, 0)), _signed(fields.get(3, 0))
+
+
+def _read_varint(data: bytes, index: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if index >= len(data) or shift > 63:
+            raise ValueError("a truncated or oversized varint in a keep-alive answer")
+        byte = data[index]
+        index += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, index
+
+
+def _signed(value: int) -> int:
+    """An int64 as protocol buffers carry it (two's complement in 64 bits)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class KeepAliveFailed(Exception):
+    """A keep-alive got no answer: its stream broke (``code`` is the gRPC status code)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+#: Called with the TTL a keep-alive's answer gave, or the failure that lost it.
+Outcome = Callable[[int | None, "KeepAliveFailed | None"], None]
+
+
+@dataclass
+class _Waiter:
+    done: threading.Event
+    then: Outcome | None = None  # for a keep-alive nobody waits for
+    ttl: int | None = None
+    error: KeepAliveFailed | None = None
+
+    def settle(self, ttl: int | None, error: KeepAliveFailed | None) -> None:
+        self.ttl, self.error = ttl, error
+        self.done.set()
+        if self.then is not None:
+            self.then(ttl, error)
+
+
+class _Stream:
+    """One ``LeaseKeepAlive`` call on one member, and the thread reading its answers."""
+
+    def __init__(self, channel: Any, endpoint: Endpoint, on_end: Any) -> None:
+        self.endpoint = endpoint
+        self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, list[_Waiter]] = {}
+        self._broken: KeepAliveFailed | None = None
+        self.answered = 0.0  # when the last answer came (monotonic)
+        self._channel = channel
+        call = channel.stream_stream(
+            _METHOD, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw
+        )
+        self._answers = call(self._outgoing(), metadata=_METADATA)
+        self._on_end = on_end
+        threading.Thread(
+            target=self._read, name=f"tp-etcd-keepalive-{endpoint.port}", daemon=True
+        ).start()
+
+    def _outgoing(self) -> Iterator[bytes]:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def send(self, leases: Sequence[tuple[int, _Waiter]]) -> None:
+        """Send a keep-alive of each lease; its waiter settles with the answer."""
+        with self._lock:
+            broken = self._broken
+            if broken is None:
+                for lease, waiter in leases:
+                    self._waiting.setdefault(lease, []).append(waiter)
+        if broken is not None:
+            for _, waiter in leases:
+                waiter.settle(None, broken)
+            return
+        for lease, _ in leases:
+            self._requests.put(encode_request(lease))
+
+    def _read(self) -> None:
+        failure = KeepAliveFailed(f"etcd {self.endpoint}: the keep-alive stream ended", UNAVAILABLE)
+        try:
+            for raw in self._answers:
+                lease, ttl = decode_response(raw)
+                with self._lock:
+                    self.answered = time.monotonic()
+                    waiters = self._waiting.pop(lease, [])
+                for waiter in waiters:
+                    waiter.settle(ttl, None)
+        except ValueError as exc:
+            failure = KeepAliveFailed(f"etcd {self.endpoint}: {exc}", UNAVAILABLE)
+        except Exception as exc:  # grpc.RpcError: the stream broke
+            code = getattr(exc, "code", None)
+            status = code() if callable(code) else None
+            number = status.value[0] if status is not None else UNAVAILABLE
+            details = getattr(exc, "details", None)
+            text = details() if callable(details) else str(exc)
+            failure = KeepAliveFailed(f"etcd {self.endpoint}: keep-alive stream: {text}", number)
+        self.close(failure)
+
+    def forget(self, lease: int, waiter: _Waiter, failure: KeepAliveFailed) -> None:
+        """Stop waiting for ``waiter``'s answer: it settles with ``failure`` (unless it came)."""
+        with self._lock:
+            waiting = self._waiting.get(lease, [])
+            if waiter not in waiting:
+                return  # answered in the meantime
+            waiting.remove(waiter)
+        waiter.settle(None, failure)
+
+    def close(self, failure: KeepAliveFailed) -> None:
+        """End the stream; whoever still waits gets ``failure``."""
+        with self._lock:
+            if self._broken is not None:
+                return
+            self._broken = failure
+            waiting, self._waiting = self._waiting, {}
+        self._requests.put(None)
+        self._answers.cancel()
+        self._channel.close()
+        for waiters in waiting.values():
+            for waiter in waiters:
+                waiter.settle(None, failure)
+        self._on_end(self)
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+
+class LeaseKeeper:
+    """Keep-alives of any number of leases of one cluster, on one stream at a time.
+
+    :meth:`keep_alive` waits for its answer. :meth:`renew_soon` does not: its
+    keep-alive joins those asked for in the same :data:`COALESCE` seconds,
+    sent together. etcd spends about half the CPU per keep-alive on a burst
+    that it does on keep-alives one by one (each then wakes it alone).
+    """
+
+    def __init__(self, endpoints: Sequence[Endpoint], tls: TlsFiles) -> None:
+        self.endpoints = tuple(endpoints)
+        self._tls = tls
+        self._lock = threading.Lock()
+        self._stream: _Stream | None = None
+        self._next = 0  # the member the next stream goes to
+        self._soon: list[tuple[int, _Waiter]] = []  # keep-alives for the next burst
+        self._burst_due = threading.Condition(self._lock)
+        self._flusher: threading.Thread | None = None
+
+    def keep_alive(self, lease: int, timeout: float) -> int:
+        """Renew ``lease``; the TTL it has left (0: it is gone).
+
+        Raises:
+            KeepAliveFailed: no answer within ``timeout`` seconds, or the stream broke.
+        """
+        stream = self._current()
+        waiter = _Waiter(threading.Event())
+        sent = time.monotonic()
+        stream.send([(lease, waiter)])
+        if not waiter.done.wait(timeout):
+            late = KeepAliveFailed(f"etcd {stream.endpoint}: no keep-alive answer in time", 4)
+            if stream.answered < sent:
+                # Nothing at all came back since: a member that stopped
+                # answering. The next keep-alive goes to the next one.
+                stream.close(late)
+            else:
+                # Answers come, only slowly (a loaded member): the stream is kept.
+                stream.forget(lease, waiter, late)
+            # Settled now, or in a moment by the reader that just took its answer.
+            waiter.done.wait()
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.ttl is not None
+        return waiter.ttl
+
+    def renew_soon(self, lease: int, then: Outcome) -> None:
+        """Renew ``lease`` within :data:`COALESCE` seconds; ``then(ttl, error)`` gets the answer."""
+        with self._lock:
+            self._soon.append((lease, _Waiter(threading.Event(), then)))
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush, name="tp-etcd-keepalive-bursts", daemon=True
+                )
+                self._flusher.start()
+            self._burst_due.notify()
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                while not self._soon:
+                    self._burst_due.wait()
+            time.sleep(COALESCE)  # gather the burst: keep-alives have seconds to spare
+            with self._lock:
+                burst, self._soon = self._soon, []
+            try:
+                stream = self._current()
+            except Exception as exc:  # a channel that cannot even be made
+                failure = KeepAliveFailed(f"etcd: no keep-alive stream: {exc}", UNAVAILABLE)
+                for _, waiter in burst:
+                    waiter.settle(None, failure)
+                continue
+            stream.send(burst)
+
+    def _current(self) -> _Stream:
+        with self._lock:
+            if self._stream is None or self._stream.broken:
+                endpoint = self.endpoints[self._next % len(self.endpoints)]
+                self._stream = _Stream(self._channel(endpoint), endpoint, self._ended)
+            return self._stream
+
+    def _ended(self, stream: _Stream) -> None:
+        """A broken stream sends the next keep-alive to the next member."""
+        with self._lock:
+            if self._stream is stream:
+                self._stream = None
+                self._next += 1
+
+    def _channel(self, endpoint: Endpoint) -> Any:
+        assert grpc is not None
+        target = f"{endpoint.host}:{endpoint.port}"
+        if endpoint.scheme == "http":
+            return grpc.insecure_channel(target)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(self._tls.cacert),
+            private_key=_read(self._tls.key),
+            certificate_chain=_read(self._tls.cert),
+        )
+        return grpc.secure_channel(target, credentials)
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as file:
+        return file.read()
+
+
+_KEEPERS: dict[tuple[int, tuple[Endpoint, ...], TlsFiles], LeaseKeeper] = {}
+_KEEPERS_LOCK = threading.Lock()
+
+
+def keeper(endpoints: Sequence[Endpoint], tls: TlsFiles) -> LeaseKeeper:
+    """This process's keeper for the cluster at ``endpoints`` (a forked child gets its own)."""
+    key = (os.getpid(), tuple(endpoints), tls)
+    with _KEEPERS_LOCK:
+        found = _KEEPERS.get(key)
+        if found is None:
+            found = _KEEPERS[key] = LeaseKeeper(endpoints, tls)
+        return found
