@@ -17,7 +17,9 @@ Reads ``benchmarks/results/store_bench.json`` (``store_bench.py``) and
 - the recovery section (``recovery_report.py``): from the results of
   ``restart_bench.py``, ``rdzv_bench.py --recovery`` and ``idle_bench.py``
   and of the same before issue 25 (``results/issue25-baseline/``), with
-  ``recovery-restart.png``.
+  ``recovery-restart.png``;
+- the bootstrap store's section (``bootstrap_report.py``): from the results
+  of ``storm_bench.py`` and ``bootstrap_probes.py``, with ``bootstrap-storm.png``.
 
 Measuring and rendering are separate: ``nox -s bench`` runs both benchmarks
 and then this script, and ``python benchmarks/report.py`` alone regenerates
@@ -34,6 +36,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import bootstrap_report
 import etcd_report
 import recovery_report
 import scale_report
@@ -502,6 +505,9 @@ def page(store: Run | None, rdzv: Run | None, recovery: RecoveryRuns, alts: dict
     recovery_section = recovery_report.section(recovery, alts)
     if recovery_section:
         add(recovery_section)
+    bootstrap_section = bootstrap_report.section(alts)
+    if bootstrap_section:
+        add(bootstrap_section)
 
     etcd_section = etcd_report.section(alts.get(etcd_report.PNG, ""))
     if etcd_section:
@@ -580,6 +586,9 @@ def write_report(store_path: Path, rdzv_path: Path, out_dir: Path) -> list[Path]
     recovery = RecoveryRuns.load()
     out_dir.mkdir(parents=True, exist_ok=True)
     alts, written = recovery_report.write_plots(recovery, out_dir)
+    bootstrap_alts, bootstrap_plots = bootstrap_report.write_plots(out_dir)
+    alts |= bootstrap_alts
+    written += bootstrap_plots
     alts[etcd_report.PNG], etcd_plots = etcd_report.write_plot(out_dir)
     written += etcd_plots
     scale = scale_report.load()

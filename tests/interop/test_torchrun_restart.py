@@ -161,3 +161,42 @@ def test_torchrun_on_etcd_restarts_on_a_fresh_store(tmp_path: Path) -> None:
         "done-a1-r0",
         "done-a1-r1",
     ], output
+
+
+def test_a_secret_in_the_environment_leaves_the_bootstrap_store_open_to_gloo_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TP_STORE_SECRET`` secures the rendezvous store; torch's workers cannot prove it,
+    so the workers' bootstrap store must not ask for it (issue 28): one torchrun node on
+    ``--rdzv-backend=tp`` whose gloo workers fail once, then train on a second round."""
+    monkeypatch.setenv("TP_STORE_SECRET", uuid.uuid4().hex)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with (tmp_path / "store.log").open("w") as log:
+        store, endpoint = start_store(log)  # it takes the secret from the environment
+        try:
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=1",
+                "--nproc-per-node=2",
+                "--max-restarts=1",
+                "--rdzv-backend=tp",
+                f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-id=secret-{uuid.uuid4().hex[:8]}",
+                f"--rdzv-conf={RDZV_CONF}",
+                "--local-addr=127.0.0.1",
+                str(HERE / "elastic_train.py"),
+                str(markers),
+                "2",
+                "fail-first",
+            ]
+            output = run_agent(command, START_TIMEOUT + RESUME_TIMEOUT)
+        finally:
+            store.terminate()
+            store.wait(30)
+    assert sorted(path.name for path in markers.glob("done-*")) == [
+        "done-a1-r0",
+        "done-a1-r1",
+    ], output

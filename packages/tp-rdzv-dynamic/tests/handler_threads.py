@@ -64,10 +64,12 @@ def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None:
 
 
 def stop_handler(handler: DynamicRendezvousHandler) -> None:
-    """Stop ``handler``'s threads (its steward, heartbeats and presence) without closing."""
+    """Stop ``handler``'s threads (its steward, heartbeats and presence) and its
+    bootstrap store's process, without closing."""
     handler._office.stop()
     handler._heartbeats.stop()
     handler._presence.close()
+    handler._bootstrap.shutdown()
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from handler_threads import RUN, rendezvous_all, wait_until
 
 from tp_rdzv_api import (
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousExhaustedError,
     RendezvousInfo,
     RendezvousStateError,
@@ -74,19 +75,11 @@ def test_every_round_bootstraps_on_a_fresh_store(make_node, server):
         TCPStore(new.master_addr, new.port, timeout=1)
 
 
-def test_a_local_addr_it_cannot_listen_on_bootstraps_on_every_interface(make_node, caplog):
-    # A cloud's public DNS name reaches the node through NAT and is no address of it;
-    # the workers dial local_addr, so the bootstrap store must still be there.
-    handlers = [make_node(2, 2, local_addr=name) for name in ("node0.invalid", "node1.invalid")]
-    infos = rendezvous_all(handlers)
-    (bootstrap,) = {info.bootstrap_store_info for info in infos}
-    assert bootstrap.master_addr.endswith(".invalid")
-    worker = TCPStore("127.0.0.1", bootstrap.port, timeout=5)  # listening on every interface
-    worker.set("k", "v")
-    worker.close()
-    warnings = [r for r in caplog.records if "bootstrap store listens on every" in r.getMessage()]
-    assert len(warnings) == 1
-    assert bootstrap.master_addr in warnings[0].getMessage()
+def test_a_local_addr_it_cannot_listen_on_is_an_error_naming_it(make_node):
+    # A typo must not open an unauthenticated store to the whole network.
+    handler = make_node(1, 1, local_addr="node0.invalid")
+    with pytest.raises(RendezvousConnectionError, match=r"cannot listen on 'node0\.invalid'"):
+        handler.next_rendezvous()
 
 
 def test_a_rank_0_dead_before_publishing_the_bootstrap_store_fails_nobody(

@@ -195,11 +195,14 @@ def test_a_huge_lease_counts_as_vacant_and_the_round_completes(make_node, server
 def test_nodes_whose_names_hold_non_ascii_digits_rendezvous(make_node, server):
     # "²".isdigit() is true but int("²") fails: the natural order of names
     # must not take it for a number.
-    names = ["node1\N{SUPERSCRIPT TWO}", "node2", "node\N{ARABIC-INDIC DIGIT THREE}"]
-    handlers = [make_node(3, 3, local_addr=name, join=20) for name in names]
+    # Rank 0 (first in that order) hosts the workers' bootstrap store on its address:
+    # one this host can listen on.
+    names = ["127.0.0.1", "node1\N{SUPERSCRIPT TWO}", "node2", "node\N{ARABIC-INDIC DIGIT THREE}"]
+    handlers = [make_node(4, 4, local_addr=name, join=20) for name in names]
     infos = rendezvous_all(handlers)
-    assert sorted(info.rank for info in infos) == [0, 1, 2]
+    assert sorted(info.rank for info in infos) == [0, 1, 2, 3]
     assert [node.addr for node in infos[0].participants] == [
+        "127.0.0.1",
         "node1\N{SUPERSCRIPT TWO}",
         "node2",
         "node\N{ARABIC-INDIC DIGIT THREE}",

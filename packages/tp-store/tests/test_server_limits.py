@@ -145,6 +145,56 @@ def test_a_key_beyond_max_keys_closes_that_connection(
     assert other.request(Get(b"k0").encode(), ReplyKind.BYTES) == b"overwritten"
 
 
+def test_a_write_past_max_stored_bytes_closes_that_connection_only(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    thread = make_server(limits=Limits(max_stored_bytes=10_000))
+    store = TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT)
+    store.set("kept", "v" * 4000)
+    store.set("fill0", "x" * 4000)
+    store.set("fill1", "x" * 4000)  # over the budget
+    # SET has no reply: the refusal shows on the next request, naming the limits.
+    with pytest.raises(StoreConnectionError, match="max_stored_bytes"):
+        store.get("kept")
+    # The refused write changed nothing; another client is served as before.
+    other = TCPStore("127.0.0.1", thread.server.port, timeout=TIMEOUT)
+    assert other.get("kept") == b"v" * 4000
+    assert other.get("fill0") == b"x" * 4000
+    assert not other.check(["fill1"])
+    assert thread.server.stats()["connections_protocol_errors"] == 1
+    other.delete_key("fill0")  # deleting makes room again
+    other.set("fill1", "y" * 4000)
+    store.close()
+    other.close()
+
+
+def test_stored_bytes_follow_every_kind_of_write() -> None:
+    state = StoreState(max_stored_bytes=40)
+    state.set(b"k", b"12345")  # 6
+    state.set(b"k", b"1")  # an overwrite counts its new size: 2
+    assert state.add(b"n", 9) == 9  # 2
+    assert state.add(b"n", 1) == 10  # 3
+    state.append(b"k", b"23")  # 4
+    state.multi_set([(b"a", b"1"), (b"a", b"12"), (b"b", b"1")])  # 3 + 2
+    state.queue_push(b"q", b"123")  # 4
+    assert state.stored_bytes == 4 + 3 + 3 + 2 + 4
+    with pytest.raises(StoreLimitError, match="over the limit of 40"):
+        state.set(b"big", b"x" * 30)
+    with pytest.raises(StoreLimitError, match="over the limit of 40"):
+        state.multi_set([(b"c", b"x" * 10), (b"d", b"x" * 20)])
+    with pytest.raises(StoreLimitError, match="over the limit of 40"):
+        state.queue_push(b"q", b"x" * 30)
+    with pytest.raises(StoreLimitError, match="over the limit of 40"):
+        state.append(b"k", b"x" * 30)
+    assert not state.check([b"big"])
+    assert not state.check([b"c"])
+    assert state.stored_bytes == 16  # the refused writes changed nothing
+    state.queue_pop(b"q")
+    state.delete(b"k")
+    state.delete(b"a")
+    assert state.stored_bytes == 3 + 2
+
+
 def test_queued_values_count_towards_max_keys() -> None:
     state = StoreState(max_keys=2)
     state.set(b"a", b"1")

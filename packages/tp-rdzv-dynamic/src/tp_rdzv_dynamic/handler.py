@@ -190,8 +190,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._board.is_closed()
 
     def num_nodes_waiting(self) -> int:
-        """Number of nodes queued for the next round (pending scale-up)."""
-        return self._board.waiting()
+        """Number of nodes queued for the next round (pending scale-up).
+
+        At least 1 when this node hosts its round's bootstrap store and that
+        store's process died: the agent restarts its workers, and the round is
+        redone with a new one.
+        """
+        waiting = self._board.waiting()
+        return max(waiting, 1) if self._bootstrap.lost() else waiting
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Join or re-join the rendezvous; blocks until this round completes.
@@ -365,7 +371,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         finally:
             self._office.stop()
             self._presence.close()
-            self._bootstrap.close()
+            self._bootstrap.shutdown()
             self._ticks.close()
             if self._watcher is not None:
                 self._watcher.store.close()
@@ -396,7 +402,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died before publishing."""
         round_store = PrefixStore(self._board.keys.round_store(seat.round), self._store)
         if seat.rank == 0:
-            bootstrap = self._bootstrap.host(round_store, seat.round)
+            bootstrap = self._bootstrap.host(
+                round_store, seat.round, keep_alive=self._keep_alive, tick=self._tick
+            )
         else:
             found = await_bootstrap_info(
                 seat.rank,

@@ -63,6 +63,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="keys and queued values stored at most (default %(default)s)",
     )
     limits.add_argument(
+        "--max-stored-bytes",
+        type=int,
+        default=defaults.max_stored_bytes,
+        help="bytes of all stored keys and values at most (default %(default)s)",
+    )
+    limits.add_argument(
         "--max-message-bytes",
         type=int,
         default=defaults.max_message_bytes,
@@ -143,6 +149,7 @@ def server_from_arguments(args: argparse.Namespace) -> StoreServer:
         args.max_message_bytes,
         args.max_session_keys,
         args.max_session_wills,
+        max_stored_bytes=args.max_stored_bytes,
     )
     if args.tls_cert is None and (args.tls_key is not None or args.tls_client_ca is not None):
         raise ValueError("--tls-key and --tls-client-ca need --tls-cert")

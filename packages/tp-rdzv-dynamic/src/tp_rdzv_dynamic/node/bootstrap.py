@@ -4,6 +4,13 @@ Rank 0 hosts a new server per round and publishes its address in the round's
 namespace, where the other nodes read it. Workers of a restarted job so never
 meet keys of an earlier attempt (gloo's addresses, c10d's barriers), as they
 would on the rendezvous store.
+
+The server runs in a child process of the agent (:mod:`.bootstrap_child`),
+started with the first round this node hosts (under torchrun, with the
+handler) and kept for the next ones: a
+flood of its port cannot delay the agent's keep-alive, what the workers store
+(within :data:`~.bootstrap_child.BOOTSTRAP_LIMITS`) cannot grow the agent's
+memory, and the child dies with the agent.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_store import Store, StoreError, StoreTimeoutError, TCPStore
+from tp_store import Store, StoreError, StoreTimeoutError
+
+from .bootstrap_process import BootstrapProcess, BootstrapProcessError, describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -25,49 +34,115 @@ _ADDRESS_KEYS = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER
 
 
 class BootstrapServer:
-    """Rank 0's store server for the workers of its last round."""
+    """Rank 0's store server for the workers of its last round, in a child process."""
 
     def __init__(self, node: _NodeDesc, run_id: str) -> None:
         self._node = node
         self._run_id = run_id
-        self._server: TCPStore | None = None
+        self._process: BootstrapProcess | None = None
+        self._round: int | None = None  # the round whose workers it serves
+        self._lost_reported = False
 
-    def host(self, round_store: Store, round_: int) -> RendezvousStoreInfo:
-        """Start an empty server for the workers of ``round_``; the address to publish."""
+    def host(
+        self,
+        round_store: Store,
+        round_: int,
+        keep_alive: Callable[[float], object],
+        tick: float,
+    ) -> RendezvousStoreInfo:
+        """Start an empty server for the workers of ``round_``; the address to publish.
+
+        ``keep_alive(now)`` runs every ``tick`` seconds while the child is slow
+        to answer (starting, on a loaded machine): the node stays alive meanwhile.
+
+        Raises ``RendezvousConnectionError`` when ``local_addr`` cannot be
+        bound (never a fallback to every interface) or the child fails.
+        """
         addr = self._node.addr
+        if not addr or any(char.isspace() for char in addr):
+            raise self._error(f"cannot listen on local_addr {addr!r}: not a host name or address")
+        process = self._running_process(round_)
         try:
-            server = TCPStore(addr, 0, is_master=True, wait_for_workers=False)
-        except StoreError as exc:
-            # local_addr may reach this node through NAT (a cloud's public name) or
-            # not resolve here at all: listen on every interface, as PyTorch's store
-            # does; the workers still dial local_addr.
+            port = process.host(addr, keep_alive, tick)
+        except BootstrapProcessError as exc:
+            raise self._error(
+                f"{exc} (local_addr must name an address of this host; the workers' bootstrap "
+                "store never falls back to every interface)"
+            ) from exc
+        self._round = round_
+        self._lost_reported = False
+        return RendezvousStoreInfo.build(0, round_store, local_addr=addr, server_port=port)
+
+    def prestart(self) -> None:
+        """Start the process now (without waiting for it), not with the first round hosted."""
+        if self._process is None:
+            self._process = self._start()
+
+    def lost(self) -> bool:
+        """Whether the server of this node's round died with its process (logged once)."""
+        process = self._process
+        if self._round is None or process is None:
+            return False
+        status = process.exit_status()
+        if status is None:
+            return False
+        if not self._lost_reported:
+            self._lost_reported = True
+            log_event(
+                log,
+                logging.ERROR,
+                "bootstrap_store_lost",
+                f"the workers' bootstrap store of round {self._round} died with its process "
+                f"(pid {process.pid}, {describe_exit(status)}); the round is redone",
+                run_id=self._run_id,
+                node=self._node,
+                round_=self._round,
+            )
+        return True
+
+    def close(self) -> None:
+        """Stop the server (the agent stopped the workers of its round); the process stays."""
+        if self._process is not None and self._round is not None:
+            self._process.close_server()
+        self._round = None
+
+    def shutdown(self) -> None:
+        """Stop the server and its process."""
+        self._round = None
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+
+    def _running_process(self, round_: int) -> BootstrapProcess:
+        process = self._process
+        if process is not None:
+            status = process.exit_status()
+            if status is None:
+                return process
             log_event(
                 log,
                 logging.WARNING,
-                "bootstrap_store_on_all_interfaces",
-                f"cannot listen on local_addr {addr!r} ({exc}); the workers' bootstrap "
-                "store listens on every interface",
+                "bootstrap_store_restarted",
+                f"the process of the workers' bootstrap store (pid {process.pid}) had exited "
+                f"({describe_exit(status)}); starting another",
                 run_id=self._run_id,
                 node=self._node,
                 round_=round_,
             )
-            server = self._on_all_interfaces()
-        self._server = server
-        return RendezvousStoreInfo.build(0, round_store, local_addr=addr, server_port=server.port)
+            process.stop()
+        self._process = self._start()
+        return self._process
 
-    def close(self) -> None:
-        """Stop the server (the agent stopped the workers of its round)."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
-    def _on_all_interfaces(self) -> TCPStore:
+    def _start(self) -> BootstrapProcess:
         try:
-            return TCPStore("", 0, is_master=True, wait_for_workers=False)
-        except StoreError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {self._run_id!r}: cannot host the workers' bootstrap store: {exc}"
-            ) from exc
+            return BootstrapProcess()
+        except OSError as exc:
+            raise self._error(f"cannot start its process: {exc}") from exc
+
+    def _error(self, detail: str) -> RendezvousConnectionError:
+        return RendezvousConnectionError(
+            f"rendezvous {self._run_id!r}: the workers' bootstrap store: {detail}"
+        )
 
 
 def await_bootstrap_info(

@@ -25,8 +25,15 @@ TorchrunCreator = Callable[[RendezvousParameters], DynamicRendezvousHandler]
 
 
 def create_tp_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
-    """Backend ``core`` (every config key of it) under the name torchrun asked for."""
-    return build_handler(params, params.backend, create_store)
+    """Backend ``core`` (every config key of it) under the name torchrun asked for.
+
+    An agent has one handler: its bootstrap store's process starts now and
+    imports while the rendezvous runs, so the first round this node hosts (a
+    restart after rank 0 died, say) does not wait for it.
+    """
+    handler = build_handler(params, params.backend, create_store)
+    handler._bootstrap.prestart()
+    return handler
 
 
 def tp() -> TorchrunCreator:

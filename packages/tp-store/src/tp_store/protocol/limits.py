@@ -16,7 +16,9 @@ class Limits:
     would otherwise build its reply in memory). ``max_value_bytes`` also
     bounds what APPEND grows a value to. A store session owns at most
     ``max_session_keys`` keys and holds at most ``max_session_wills`` wills
-    (what it holds counts in the server's memory budget).
+    (what it holds counts in the server's memory budget). ``max_stored_bytes``
+    bounds the bytes of every stored key and value (queued values included)
+    together: a write past it closes its connection and changes nothing.
     """
 
     max_key_bytes: int = 8 * 1024
@@ -26,6 +28,7 @@ class Limits:
     max_message_bytes: int = 64 * 1024 * 1024
     max_session_keys: int = 1024
     max_session_wills: int = 1024
+    max_stored_bytes: int = 1024 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -46,9 +46,10 @@ class StoreState:
     its keys were missing when it parked and is woken when that many have been
     written, so a write costs O(waiters on that key), never a rescan.
 
-    ``max_keys`` bounds the keys and queued values held together, and
-    ``max_value_bytes`` what APPEND may grow a value to: a write past either
-    raises :class:`~tp_store.errors.StoreLimitError` and changes nothing.
+    ``max_keys`` bounds the keys and queued values held together,
+    ``max_stored_bytes`` their bytes (a key's and its value's, once per queued
+    value), and ``max_value_bytes`` what APPEND may grow a value to: a write
+    past any raises :class:`~tp_store.errors.StoreLimitError` and changes nothing.
 
     Keys written through a store session are owned by it (``book``, bounded by
     ``max_session_keys`` and ``max_session_wills``); a plain write or a delete
@@ -61,11 +62,15 @@ class StoreState:
         max_value_bytes: int | None = None,
         max_session_keys: int = 1024,
         max_session_wills: int = 1024,
+        max_stored_bytes: int | None = None,
     ) -> None:
         self.data: dict[bytes, bytes] = {}
         self._queues: dict[bytes, deque[bytes]] = {}
         self._queued = 0  # values in all queues
+        #: Bytes of the stored keys and values (a queue's key once per value).
+        self.stored_bytes = 0
         self._max_keys = max_keys if max_keys is not None else float("inf")
+        self._max_stored_bytes = max_stored_bytes if max_stored_bytes is not None else float("inf")
         self._max_value_bytes = max_value_bytes if max_value_bytes is not None else float("inf")
         # Insertion-ordered dicts used as sets: O(1) removal when a client leaves.
         self._waiters: dict[bytes, dict[Waiter, None]] = {}
@@ -103,10 +108,16 @@ class StoreState:
     # -- writes -------------------------------------------------------------
     def set(self, key: bytes, value: bytes) -> None:
         data = self.data
-        # The count first: below the limit (always, in a healthy store) the
-        # key lookup is skipped.
-        if len(data) + self._queued >= self._max_keys and key not in data:
-            self._refuse_new_entry(key)
+        old = data.get(key)
+        if old is None:
+            if len(data) + self._queued >= self._max_keys:
+                self._refuse_new_entry(key)
+            grown = len(key) + len(value)
+        else:
+            grown = len(value) - len(old)
+        if self.stored_bytes + grown > self._max_stored_bytes:
+            self._refuse_bytes(key, grown)
+        self.stored_bytes += grown
         data[key] = value
         # As a rule nobody waits, watches or owns keys: truth tests, no lookups.
         if self._waiters or self._watches or self._owners:
@@ -122,6 +133,10 @@ class StoreState:
             if old is None and len(data) + self._queued >= self._max_keys:
                 self._refuse_new_entry(key)
         value = str(total).encode()
+        grown = len(value) - len(old) if old is not None else len(key) + len(value)
+        if self.stored_bytes + grown > self._max_stored_bytes:
+            self._refuse_bytes(key, grown)
+        self.stored_bytes += grown
         data[key] = value
         # As a rule nobody waits, watches or owns keys: truth tests, no lookups.
         if (self._waiters or self._watches or self._owners) and (
@@ -147,16 +162,29 @@ class StoreState:
         self.set(key, old + value)
 
     def multi_set(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        """Store every item, or (over ``max_keys``) none of them."""
+        """Store every item, or (over ``max_keys`` or ``max_stored_bytes``) none of them."""
         data = self.data
-        room = self._max_keys - len(data) - self._queued
-        if len(items) > room:  # only near the limit are the new keys counted
-            new_keys = {key for key, _ in items if key not in data}
-            if len(new_keys) > room:
-                raise StoreLimitError(
-                    f"MULTI_SET of {len(new_keys)} new keys would exceed the limit of "
-                    f"{self._max_keys} keys and queued values"
-                )
+        final = dict(items)  # a key named twice is stored once, with its last value
+        new_keys = 0
+        grown = 0
+        for key, value in final.items():
+            old = data.get(key)
+            if old is None:
+                new_keys += 1
+                grown += len(key) + len(value)
+            else:
+                grown += len(value) - len(old)
+        if new_keys > self._max_keys - len(data) - self._queued:
+            raise StoreLimitError(
+                f"MULTI_SET of {new_keys} new keys would exceed the limit of "
+                f"{self._max_keys} keys and queued values"
+            )
+        if self.stored_bytes + grown > self._max_stored_bytes:
+            raise StoreLimitError(
+                f"MULTI_SET of {len(final)} keys would grow the stored keys and values to "
+                f"{self.stored_bytes + grown} bytes, over the limit of {self._max_stored_bytes}"
+            )
+        self.stored_bytes += grown
         for key, value in items:
             data[key] = value
             self._written(key, value)
@@ -164,15 +192,22 @@ class StoreState:
     def delete(self, key: bytes) -> bool:
         if self._owners:
             self.book.release(key)
-        return self.data.pop(key, None) is not None
+        old = self.data.pop(key, None)
+        if old is None:
+            return False
+        self.stored_bytes -= len(key) + len(old)
+        return True
 
     def queue_push(self, key: bytes, value: bytes) -> None:
         if len(self.data) + self._queued >= self._max_keys:
             self._refuse_new_entry(key)
+        if self.stored_bytes + len(key) + len(value) > self._max_stored_bytes:
+            self._refuse_bytes(key, len(key) + len(value))
         self._push(key, value)
 
     def _push(self, key: bytes, value: bytes) -> None:
         self._queued += 1
+        self.stored_bytes += len(key) + len(value)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = deque()
@@ -198,6 +233,7 @@ class StoreState:
         length = len(queue)
         value = queue.popleft()
         self._queued -= 1
+        self.stored_bytes -= len(key) + len(value)
         if not queue:
             del self._queues[key]
         return length, value
@@ -228,7 +264,7 @@ class StoreState:
         keys, wills = self.book.end(presence)
         data = self.data
         for key in keys:
-            del data[key]
+            self.stored_bytes -= len(key) + len(data.pop(key))
         for queue, value in wills:
             self._push(queue, value)
 
@@ -284,6 +320,12 @@ class StoreState:
     def _refuse_new_entry(self, key: bytes) -> None:
         raise StoreLimitError(
             f"storing {key!r:.80} would exceed the limit of {self._max_keys} keys and queued values"
+        )
+
+    def _refuse_bytes(self, key: bytes, grown: int) -> None:
+        raise StoreLimitError(
+            f"storing {key!r:.80} would grow the stored keys and values to "
+            f"{self.stored_bytes + grown} bytes, over the limit of {self._max_stored_bytes}"
         )
 
     def _written(self, key: bytes, value: bytes) -> None:

@@ -154,7 +154,7 @@ class _Connection(asyncio.Protocol):
             expired=functools.partial(self.close, level=logging.INFO, action="session_expired"),
         )
         self._transport: asyncio.Transport | None = None
-        self._peer = "?"
+        self._peer: str | None = None  # looked up when first logged: most never are
         self._opened = time.monotonic()
         self._close_reason = ""
         self._writing_paused = False
@@ -205,40 +205,46 @@ class _Connection(asyncio.Protocol):
             self._server.refuse(self._transport)
             self._transport = None  # nothing it sends is served
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        if peer:
-            self._peer = format_endpoint(str(peer[0]), int(peer[1]))
+        # Both event loops set TCP_NODELAY on the connections they accept.
         self._server.connections.add(self)
         self._counters.accepted += 1
-        log.debug(
-            "connection from %s opened",
-            self._peer,
-            extra={"action": "connection_open", "peer": self._peer},
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "connection from %s opened",
+                self.peer,
+                extra={"action": "connection_open", "peer": self.peer},
+            )
+
+    @property
+    def peer(self) -> str:
+        """The client's ``host:port`` (``?`` if unknown), asked of the transport once."""
+        if self._peer is None:
+            transport = self._transport
+            address = transport.get_extra_info("peername") if transport is not None else None
+            self._peer = format_endpoint(str(address[0]), int(address[1])) if address else "?"
+        return self._peer
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
         self._server.closing.pop(self, None)
         self._free()
+        if log.isEnabledFor(logging.DEBUG):
+            duration = time.monotonic() - self._opened
+            reason = self._close_reason or (str(exc) if exc else "closed by the client")
+            log.debug(
+                "connection from %s closed after %.3f s: %s",
+                self.peer,
+                duration,
+                reason,
+                extra={
+                    "action": "connection_close",
+                    "peer": self.peer,
+                    "duration": duration,
+                    "reason": reason,
+                },
+            )
         self._transport = None
-        duration = time.monotonic() - self._opened
-        reason = self._close_reason or (str(exc) if exc else "closed by the client")
-        log.debug(
-            "connection from %s closed after %.3f s: %s",
-            self._peer,
-            duration,
-            reason,
-            extra={
-                "action": "connection_close",
-                "peer": self._peer,
-                "duration": duration,
-                "reason": reason,
-            },
-        )
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
@@ -269,6 +275,7 @@ class _Connection(asyncio.Protocol):
         # until it catches up, so its replies cannot pile up in memory. What
         # it leaves unread counts in the memory budget until then.
         self._writing_paused = True
+        self._server.unread_by.add(self)
         transport = self._transport
         if transport is not None and not self._closed:
             transport.pause_reading()
@@ -277,6 +284,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._server.unread_by.discard(self)
         self._server.hold(-self._unread)
         self._unread = 0
         if self._transport is not None and not self._closed and not self._deferred:
@@ -386,11 +394,11 @@ class _Connection(asyncio.Protocol):
             log.log(
                 level,
                 "closing connection from %s: %s",
-                self._peer,
+                self.peer,
                 reason,
                 extra={
                     "action": action,
-                    "peer": self._peer,
+                    "peer": self.peer,
                     "duration": time.monotonic() - self._opened,
                     "reason": reason,
                 },
@@ -415,6 +423,7 @@ class _Connection(asyncio.Protocol):
         if not self._closed:
             self._closed = True
             self._server.connections.discard(self)
+            self._server.unread_by.discard(self)
             self._session.close()
             self._server.hold(-self._counted - self._unread)
             self._counted = self._unread = 0
@@ -433,7 +442,8 @@ def _bind(host: str, port: int, backlog: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     try:
         for family, address in addresses:
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so.
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
@@ -530,9 +540,13 @@ class StoreServer:
             limits.max_value_bytes,
             limits.max_session_keys,
             limits.max_session_wills,
+            limits.max_stored_bytes,
         )
         self.sessions = SessionTable(self.state)
         self.connections: set[_Connection] = set()
+        #: Connections whose client does not read its replies (writing paused): what
+        #: they leave unread changes without a call, so the sweep counts it again.
+        self.unread_by: set[_Connection] = set()
         # Accepted, not yet made (a TLS handshake under way): they hold a place
         # against max_connections. Weak: a failed handshake drops its protocol
         # without a call.
@@ -621,11 +635,13 @@ class StoreServer:
         for connection in [c for c, closed in self.closing.items() if closed < linger]:
             del self.closing[connection]
             connection.abort()
+        # What connections hold is counted as it changes, but for unread replies.
+        if self.unread_by or self.held > self.memory_budget:
+            self._check_memory()
         # A handshake is over within the request timeout: a protocol still
         # counted past it was dropped without a call (or is about to be).
         for connection in [c for c in self._opening if c._opened < since]:
             self._opening.discard(connection)
-        self._check_memory()
         self.bad_connection_log.flush()
         self._schedule_sweep()
 

@@ -529,7 +529,9 @@ class TCPStore(Store):
     def _broken(self, exc: BaseException, what: str) -> StoreConnectionError:
         self._disconnect()
         return StoreConnectionError(
-            f"lost the connection to the store at {self.endpoint} during {what}: {exc}",
+            f"lost the connection to the store at {self.endpoint} during {what}: {exc} (a "
+            "server closes the connection of a request past its limits, such as max_keys or "
+            "max_stored_bytes, and logs which: this or an earlier write may have been refused)",
             self._host,
             self._port,
         )

@@ -1,0 +1,169 @@
+"""The bootstrap store's section of the benchmark report (issue 28).
+
+From ``results/storm_bench.json`` (``storm_bench.py``: torch's clients storming
+the workers' bootstrap store, ours in its child process against torch's libuv
+server) and ``results/bootstrap_probes.json`` (``bootstrap_probes.py``: a PING
+flood and a client storing all it can, against the agent), with the plot
+``bootstrap-storm.png``. Empty when neither ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from report_parts import OURS_COLOR, TORCH_COLOR, escape, markdown_table, pyplot, save
+
+HERE = Path(__file__).resolve().parent
+STORM_JSON = HERE / "results" / "storm_bench.json"
+PROBES_JSON = HERE / "results" / "bootstrap_probes.json"
+STORM_PNG = "bootstrap-storm.png"
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _machine(document: dict[str, Any]) -> str:
+    host = document["host"]
+    start = host.get("load_average_at_start") or ["?"]
+    end = host.get("load_average_at_end") or ["?"]
+    return (
+        f"{document['date']}, {host['cpus']} CPUs ({host['cpu_model']}), load {start[0]} at "
+        f"the start and {end[0]} at the end, commit {document['versions'].get('commit', '?')}"
+    )
+
+
+def storm_table(storm: dict[str, Any]) -> str:
+    rows = []
+    for size in storm["sizes"]:
+        ours, torch = size["ours"], size["torch"]
+        loads = [trial["load"] for trial in size["trials"]]
+        rows.append(
+            [
+                f"{size['workers']:,} / {size['processes']}",
+                f"{ours['seconds']:.2f} s",
+                f"{torch['seconds']:.2f} s",
+                f"x{size['ratio_seconds']:.2f}",
+                f"{ours['connect_phase']:.2f} / {torch['connect_phase']:.2f} s",
+                f"{ours['server_cpu']:.2f} / {torch['server_cpu']:.2f} s",
+                f"x{size['ratio_cpu']:.2f}",
+                f"{ours['stalls']} / {torch['stalls']}",
+                f"{min(loads):.0f}-{max(loads):.0f}",
+            ]
+        )
+    header = [
+        "workers / processes",
+        "ours",
+        "torch",
+        "ours/torch",
+        "connect phase ours / torch",
+        "server CPU ours / torch",
+        "CPU ours/torch",
+        "DNS stalls ours / torch",
+        "load",
+    ]
+    return markdown_table(header, rows, "lrrrrrrrr")
+
+
+def probes_table(probes: dict[str, Any]) -> str:
+    rows = []
+    for placement, title in (("child", "its own process (now)"), ("in-process", "the agent's")):
+        result = probes["results"][placement]
+        flood, fill = result["ping_flood"], result["store_all"]
+        rows.append(
+            [
+                title,
+                f"{flood['quiet']['median_ms']:.1f} / {flood['quiet']['max_ms']:.1f} ms",
+                f"{flood['flooded']['median_ms']:.1f} / {flood['flooded']['p99_ms']:.1f} / "
+                f"{flood['flooded']['max_ms']:.1f} ms",
+                f"{fill['stored_values']}",
+                f"{fill['agent_rss_growth_mib']:.0f} MiB",
+                "yes" if fill["workers_error"] is None else f"no: {escape(fill['workers_error'])}",
+            ]
+        )
+    header = [
+        "the store in",
+        "50 ms timer late, quiet: median / max",
+        "flooded: median / p99 / max",
+        "8 MiB values stored",
+        "agent's RSS growth",
+        "workers initialise after",
+    ]
+    return markdown_table(header, rows, "lrrrrl")
+
+
+def plot_storm(storm: dict[str, Any], path: Path) -> str:
+    """Bars of the storm's time and server CPU, ours next to torch, per size."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    labels = [f"{s['workers']:,}/{s['processes']}" for s in storm["sizes"]]
+    places = range(len(labels))
+    for axis, key, title in (
+        (left, "seconds", "time to the last worker done (s)"),
+        (right, "server_cpu", "server CPU time (s)"),
+    ):
+        for offset, side, color in ((-0.2, "ours", OURS_COLOR), (0.2, "torch", TORCH_COLOR)):
+            values = [s[side][key] for s in storm["sizes"]]
+            axis.bar([p + offset for p in places], values, 0.4, label=side, color=color)
+        axis.set_xticks(list(places), labels)
+        axis.set_xlabel("workers / client processes")
+        axis.set_title(title)
+    left.legend()
+    save(fig, path)
+    plt.close(fig)
+    return (
+        "Bar charts of the bootstrap store's connect storm: time to the last worker done and "
+        "the server process's CPU time, ours in its child process against torch's libuv server, "
+        "for each number of workers"
+    )
+
+
+def section(alts: dict[str, str]) -> str:
+    """The Markdown of the section (empty when neither benchmark ran)."""
+    storm, probes = _load(STORM_JSON), _load(PROBES_JSON)
+    if storm is None and probes is None:
+        return ""
+    out = ["## The workers' bootstrap store: storms and hostile clients\n"]
+    add = out.append
+    if storm is not None:
+        add(f"![{escape(alts[STORM_PNG])}]({STORM_PNG})\n")
+        add(
+            "When a round completes every worker of the job connects to rank 0's bootstrap "
+            "store at once. N of torch's C++ clients (threads, each its own connection) over P "
+            "processes connect, `add` a counter, and `get` a key the last one sets (NCCL's "
+            "unique id); ours runs as deployed, in the agent's child process "
+            "(`BootstrapProcess`), torch's libuv server alone in a process; trials alternate, "
+            "medians shown. Server CPU is the server process's (`/proc/<pid>/stat`, 10 ms "
+            "ticks). A DNS stall is a connect over 4 s: torch looks up the peer's name on "
+            "connect and accept, and this machine's resolver drops such lookups; the bench "
+            "gives its client processes and torch's server `::ffff:127.0.0.1` in a private "
+            f"`/etc/hosts` ({'done' if storm.get('private_hosts') else 'not done'} in this run). "
+            "`python benchmarks/storm_bench.py`.\n"
+        )
+        add(storm_table(storm) + "\n")
+        add(f"Run: {escape(_machine(storm))}.\n")
+    if probes is not None:
+        settings = probes["settings"]
+        add(
+            f"Against the agent (`python benchmarks/bootstrap_probes.py`): {settings['floods']} "
+            f"connections pipeline PINGs at the bootstrap port for {settings['seconds']:g} s "
+            "while a thread of the agent sleeps 50 ms in a loop (how late it wakes); then a "
+            f"client stores 8 MiB values (at most {settings['fill_values']}, reconnecting when "
+            f"dropped) and {settings['workers']} workers do a process group's store handshake. "
+            "The store in its own process, as now, and in the agent's interpreter, as "
+            "before.\n"
+        )
+        add(probes_table(probes) + "\n")
+        add(f"Run: {escape(_machine(probes))}.\n")
+    return "\n".join(out)
+
+
+def write_plots(out_dir: Path) -> tuple[dict[str, str], list[Path]]:
+    """The section's plot in ``out_dir``: its alt text by file name, and its path."""
+    storm = _load(STORM_JSON)
+    if storm is None:
+        return {}, []
+    path = out_dir / STORM_PNG
+    return {STORM_PNG: plot_storm(storm, path)}, [path]

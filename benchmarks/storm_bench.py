@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""The connect storm of a job's workers on the bootstrap store: ours against torch's.
+
+When a round completes, every worker of the job connects to rank 0's bootstrap
+store at once, ``add``s a counter, and waits for one key that the last one
+sets (NCCL's unique id). Here N of torch's C++ clients, spread over P client
+processes (threads, each its own connection), do exactly that, against:
+
+- **ours**: the store as deployed, in the child process rank 0's agent starts
+  (``tp_rdzv_dynamic.node.bootstrap_process``), with its bootstrap limits;
+- **torch**: torch's libuv master alone in a process (``torch_store_server.py``).
+
+Trials alternate ours and torch, each on a fresh server; the tables keep the
+medians. Per trial: the time from "go" to the last worker done, the connect
+phase (go to the last connect returned), the server process's CPU time
+(``/proc/PID/stat``), and the connects that took over 4 s: torch's client
+does a reverse DNS lookup of the peer on every connect, and a resolver that
+drops lookups stalls it 5 s (both servers alike; an ``/etc/hosts`` line for
+``::ffff:127.0.0.1`` removes it). Our server does no lookup. Run as root with
+``unshare`` at hand, the client processes get that line in a private mount
+namespace (the machine's ``/etc/hosts`` is left alone); ``--system-hosts``
+keeps the machine's file. The results say which, and how many stalls were seen.
+
+    python benchmarks/storm_bench.py                       # 4096/8 and 8192/16, 3 trials each
+    python benchmarks/storm_bench.py --sizes 1024/4 --trials 2
+    python benchmarks/storm_bench.py --sizes 8192/16 --trials 1 --profile /tmp/storm.txt
+
+Every process it starts is ended before it exits, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "storm_bench.json"
+#: A connect slower than this was stalled (torch's client's reverse lookup, 5 s).
+STALL_SECONDS = 4.0
+#: Bounds for a loaded machine: torch's imports take seconds in each process.
+_READY_TIMEOUT = 600.0
+_TRIAL_TIMEOUT = 600.0
+_CLIENT_TIMEOUT = timedelta(seconds=300)
+_UNIQUE_ID = b"u" * 128  # the size of NCCL's unique id
+
+
+# -- the client processes ---------------------------------------------------------
+def client_main(count: int) -> None:
+    """A client process: per ``go HOST PORT TOTAL`` line, ``count`` workers storm the store."""
+    import torch.distributed as dist
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        _, host, port, total = line.split()
+        print(json.dumps(storm(dist.TCPStore, host, int(port), int(total), count)), flush=True)
+
+
+def storm(store_class: Any, host: str, port: int, total: int, count: int) -> dict[str, Any]:
+    """``count`` workers (threads) connect, add, and wait for the key the last one sets."""
+    go = time.monotonic()
+    connected = [0.0] * count
+    done = [0.0] * count
+    errors: list[str] = []
+    stores: list[Any] = []
+
+    def worker(index: int) -> None:
+        try:
+            store = store_class(
+                host, port, is_master=False, wait_for_workers=False, timeout=_CLIENT_TIMEOUT
+            )
+            connected[index] = time.monotonic() - go
+            if store.add("workers", 1) == total:
+                store.set("unique_id", _UNIQUE_ID)
+            if store.get("unique_id") != _UNIQUE_ID:
+                raise ValueError("a wrong unique id")
+            done[index] = time.monotonic() - go
+            stores.append(store)  # closed once every worker is done
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stores.clear()
+    return {
+        "connects": sorted(connected),
+        "last_done": max(done),
+        "errors": errors[:5],
+        "failed": len(errors),
+    }
+
+
+# -- the servers ----------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class OurServer:
+    """Our bootstrap store as rank 0's agent runs it: its child process."""
+
+    name = "ours"
+
+    def __init__(self, prefix: list[str]) -> None:
+        from tp_rdzv_dynamic.node.bootstrap_process import BootstrapProcess
+
+        self._process = BootstrapProcess()
+        self.port = self._process.host("127.0.0.1")
+        self.pid = self._process.pid
+
+    def close(self) -> None:
+        self._process.stop()
+
+
+class TorchServer:
+    """torch's libuv master alone in a process (it looks up names on accept: it gets
+    the clients' ``/etc/hosts``)."""
+
+    name = "torch"
+
+    def __init__(self, prefix: list[str]) -> None:
+        self._process = subprocess.Popen(
+            [*prefix, sys.executable, str(HERE / "torch_store_server.py")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline()
+        if not line.startswith("listening on "):
+            self.close()
+            raise RuntimeError(f"torch_store_server.py printed {line!r}")
+        self.port = int(line.rsplit(":", 1)[1])
+        self.pid = self._process.pid
+
+    def close(self) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+# -- the bench ------------------------------------------------------------------
+def private_hosts_prefix(directory: Path) -> list[str] | None:
+    """A command prefix running its command with ``/etc/hosts`` plus a line naming
+    ``::ffff:127.0.0.1`` (in a mount namespace of its own); None where that cannot be."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    hosts = directory / "hosts"
+    hosts.write_text(Path("/etc/hosts").read_text() + "\n::ffff:127.0.0.1 localhost\n")
+    prefix = ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, check=False)
+    return prefix if probe.returncode == 0 else None
+
+
+class Clients:
+    """P client processes of ``count`` workers each, started once per size."""
+
+    def __init__(self, processes: int, count: int, prefix: list[str]) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+        for _ in range(processes):
+            self.procs.append(
+                subprocess.Popen(
+                    [*prefix, sys.executable, __file__, "--client", str(count)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )
+            )
+        for proc in self.procs:
+            self._line(proc, _READY_TIMEOUT)
+
+    def storm(self, port: int, total: int) -> list[dict[str, Any]]:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"go 127.0.0.1 {port} {total}\n")
+            proc.stdin.flush()
+        return [json.loads(self._line(proc, _TRIAL_TIMEOUT)) for proc in self.procs]
+
+    @staticmethod
+    def _line(proc: subprocess.Popen[str], timeout: float) -> str:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"client process {proc.pid} did not answer within {timeout} s")
+        return line
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait()
+
+
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling process ``pid`` into ``out`` (a flame graph's folded stacks) until
+    interrupted."""
+    beside = Path(sys.executable).with_name("py-spy")  # in the venv, if not on PATH
+    spy = str(beside) if beside.exists() else "py-spy"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [spy, "record", "--pid", str(pid), "--output", str(out), "--format", "raw"]
+    proc = subprocess.Popen([*command, "--rate", "250", "--nonblocking"])
+    time.sleep(1.0)  # py-spy attaches before the storm starts
+    return proc
+
+
+def trial(
+    server_class: type[OurServer | TorchServer],
+    clients: Clients,
+    total: int,
+    prefix: list[str],
+    profile: Path | None,
+) -> dict[str, Any]:
+    server = server_class(prefix)
+    sampler = None
+    try:
+        if profile is not None and server_class is OurServer:
+            sampler = profiler(server.pid, profile)
+        before = cpu_seconds(server.pid)
+        load = os.getloadavg()[0]
+        reports = clients.storm(server.port, total)
+        cpu = cpu_seconds(server.pid) - before
+    finally:
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait()
+        server.close()
+    connects = [c for report in reports for c in report["connects"]]
+    return {
+        "server": server_class.name,
+        "seconds": max(report["last_done"] for report in reports),
+        "connect_phase": max(connects),
+        "connect_median": statistics.median(connects),
+        "server_cpu": cpu,
+        "stalls": sum(1 for c in connects if c > STALL_SECONDS),
+        "failed": sum(report["failed"] for report in reports),
+        "errors": [e for report in reports for e in report["errors"]][:5],
+        "load": round(load, 2),
+    }
+
+
+def run_size(
+    workers: int, processes: int, trials: int, prefix: list[str], profile: Path | None
+) -> dict[str, Any]:
+    clients = Clients(processes, workers // processes, prefix)
+    results: list[dict[str, Any]] = []
+    try:
+        for index in range(trials):
+            order = (OurServer, TorchServer) if index % 2 == 0 else (TorchServer, OurServer)
+            for server_class in order:
+                out = profile and profile.with_name(f"{profile.stem}-{workers}-{index}.txt")
+                result = trial(server_class, clients, workers, prefix, out)
+                print(f"  {workers}/{processes} trial {index}: {json.dumps(result)}", flush=True)
+                results.append(result)
+    finally:
+        clients.close()
+    summary: dict[str, Any] = {"workers": workers, "processes": processes, "trials": results}
+    for name in ("ours", "torch"):
+        mine = [r for r in results if r["server"] == name]
+        summary[name] = {
+            key: statistics.median(r[key] for r in mine)
+            for key in ("seconds", "connect_phase", "connect_median", "server_cpu")
+        } | {"stalls": sum(r["stalls"] for r in mine), "failed": sum(r["failed"] for r in mine)}
+    summary["ratio_seconds"] = summary["ours"]["seconds"] / summary["torch"]["seconds"]
+    summary["ratio_cpu"] = summary["ours"]["server_cpu"] / summary["torch"]["server_cpu"]
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--client", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--sizes", default="4096/8,8192/16", help="WORKERS/PROCESSES,... (default %(default)s)"
+    )
+    parser.add_argument("--trials", type=int, default=3, help="trials per server (default 3)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON results")
+    parser.add_argument(
+        "--system-hosts",
+        action="store_true",
+        help="keep the machine's /etc/hosts for the clients (its DNS stalls included)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PATH",
+        help="sample our server with py-spy during its trials (folded stacks, one file each)",
+    )
+    args = parser.parse_args(argv)
+    if args.client is not None:
+        client_main(args.client)
+        return 0
+    sys.path.insert(0, str(HERE))
+    from hostinfo import host_info, versions
+
+    host = host_info()
+    sizes = []
+    with tempfile.TemporaryDirectory() as scratch:
+        prefix = None if args.system_hosts else private_hosts_prefix(Path(scratch))
+        print(f"clients' /etc/hosts: {'private' if prefix else 'the machine'}'s", flush=True)
+        for size in args.sizes.split(","):
+            workers, processes = map(int, size.split("/"))
+            print(f"storm of {workers} workers over {processes} processes", flush=True)
+            sizes.append(run_size(workers, processes, args.trials, prefix or [], args.profile))
+    host["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
+    document = {
+        "benchmark": "storm_bench",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": host,
+        "versions": versions(("ours", "torch")),
+        "private_hosts": prefix is not None,
+        "sizes": sizes,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(
+        "| workers / processes | ours (s) | torch (s) | ours/torch | connect phase ours / torch "
+        "(s) | server CPU ours / torch (s) | CPU ratio | DNS stalls ours / torch |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for s in sizes:
+        ours, torch = s["ours"], s["torch"]
+        print(
+            f"| {s['workers']} / {s['processes']} | {ours['seconds']:.2f} | {torch['seconds']:.2f}"
+            f" | x{s['ratio_seconds']:.2f} | {ours['connect_phase']:.2f} / "
+            f"{torch['connect_phase']:.2f} | {ours['server_cpu']:.2f} / {torch['server_cpu']:.2f}"
+            f" | x{s['ratio_cpu']:.2f} | {ours['stalls']} / {torch['stalls']} |"
+        )
+    print(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
