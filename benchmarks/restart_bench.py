@@ -182,7 +182,11 @@ def main() -> int:
                                     "seconds": None,
                                     "restart": None,
                                     "error": str(exc)[:4000],
-                                    "logs": str(kept.relative_to(HERE.parent)),
+                                    "logs": str(
+                                        kept.relative_to(HERE.parent)
+                                        if kept.is_relative_to(HERE.parent)
+                                        else kept
+                                    ),
                                 }
                             runs.append({"impl": impl, "way": way, **result})
                             print(json.dumps(runs[-1])[:300], flush=True)
