@@ -12,6 +12,7 @@ has stopped moving for the liveness bound.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from datetime import timedelta
@@ -30,7 +31,7 @@ from .backends.holder import _RendezvousStateHolder
 from .documents.answers import Seat
 from .documents.board import RendezvousBoard
 from .events import log_event
-from .model.decisions import Join
+from .model.decisions import Join, Leave
 from .model.node_desc import _NodeDesc, _NodeDescGenerator
 from .node.arguments import check_arguments
 from .node.bootstrap import BootstrapServer, await_bootstrap_info
@@ -402,9 +403,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died before publishing."""
         round_store = PrefixStore(self._board.keys.round_store(seat.round), self._store)
         if seat.rank == 0:
-            bootstrap = self._bootstrap.host(
-                round_store, seat.round, keep_alive=self._keep_alive, tick=self._tick
-            )
+            try:
+                bootstrap = self._bootstrap.host(
+                    round_store, seat.round, keep_alive=self._keep_alive, tick=self._tick
+                )
+            except RendezvousError:
+                # The others would wait for an address that never comes: this node
+                # leaves the round, which goes stale, and they form the next one.
+                with contextlib.suppress(RendezvousError):
+                    self._board.post(Leave(self._node))
+                raise
         else:
             found = await_bootstrap_info(
                 seat.rank,
