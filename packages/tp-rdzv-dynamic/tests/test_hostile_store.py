@@ -131,8 +131,16 @@ def test_a_receipt_cannot_make_the_steward_write_another_key(make_node, server, 
     assert not make_node(1, 1).is_closed()
 
 
+def put(server: TCPStore, key: str, value: str | bytes) -> None:
+    """Store ``value`` at ``key`` before any node reads it: SET has no answer, so a
+    read on another connection (a node's) could overtake a large write; a read on
+    this one is served after it."""
+    server.set(key, value)
+    assert server.check([key])
+
+
 def test_a_deeply_nested_state_is_a_state_error(make_node, server):
-    server.set(KEYS + "state", DEEP)
+    put(server, KEYS + "state", DEEP)
     handler = make_node(1, 1, join=20)
     with pytest.raises(RendezvousStateError, match="nests deeper than 3 levels"):
         handler.set_closed()
@@ -145,13 +153,13 @@ def test_a_state_listing_a_node_twice_is_reported_not_fatal_to_the_steward(make_
     # The steward samples each member's heartbeat once: a node in two lists
     # used to kill it at every scan.
     twice = RendezvousState(participants={GHOST: 0}, wait_list={GHOST: None})
-    server.set(KEYS + "state", encode_state(twice))
+    put(server, KEYS + "state", encode_state(twice))
     with pytest.raises(RendezvousStateError, match="more than one of participants"):
         make_node(1, 1, join=20).next_rendezvous()
 
 
 def test_a_deeply_nested_round_outcome_is_a_state_error(make_node, server):
-    server.set(KEYS + "result/0", DEEP)
+    put(server, KEYS + "result/0", DEEP)
     with pytest.raises(RendezvousStateError, match=f"{KEYS}result/0.*nests deeper"):
         make_node(1, 1).next_rendezvous()
 
@@ -161,13 +169,13 @@ def test_a_compressed_outcome_inflating_past_the_bound_is_refused(make_node, ser
     # one that large, and every node of a job would inflate it.
     bomb = padded_outcome(100 << 20)
     assert len(bomb) < 200_000
-    server.set(KEYS + "result/0", bomb)
+    put(server, KEYS + "result/0", bomb)
     with pytest.raises(RendezvousStateError, match=f"inflates to more than {MAX_DOCUMENT_BYTES}"):
         make_node(1, 1).next_rendezvous()
 
 
 def test_a_compressed_outcome_within_the_bound_is_read(make_node, server):
-    server.set(KEYS + "result/0", padded_outcome(4 << 20))
+    put(server, KEYS + "result/0", padded_outcome(4 << 20))
     with pytest.raises(RendezvousClosedError):
         make_node(1, 1).next_rendezvous()
 
@@ -181,13 +189,13 @@ def test_a_compressed_outcome_within_the_bound_is_read(make_node, server):
 )
 def test_a_hostile_liveness_report_is_a_state_error(make_node, server, report, complaint):
     handler = make_node(1, 1)
-    server.set(KEYS + "liveness", report)
+    put(server, KEYS + "liveness", report)
     with pytest.raises(RendezvousStateError, match=complaint):
         handler.status()
 
 
 def test_a_huge_lease_counts_as_vacant_and_the_round_completes(make_node, server):
-    server.set(KEYS + "steward", b"7" * (4 << 20) + b" x 1 0")
+    put(server, KEYS + "steward", b"7" * (4 << 20) + b" x 1 0")
     infos = rendezvous_all([make_node(2, 2), make_node(2, 2)])
     assert sorted(info.rank for info in infos) == [0, 1]
 
@@ -237,7 +245,7 @@ def test_a_huge_value_in_the_state_makes_a_short_error(make_node, server, thread
     # The value was quoted whole: an 8 MB message, logged by the steward.
     document = json.loads(encode_state(RendezvousState()))
     document["round"] = "x" * (MAX_DOCUMENT_BYTES - 1000)
-    server.set(KEYS + "state", json.dumps(document))
+    put(server, KEYS + "state", json.dumps(document))
     handler = make_node(1, 1, join=20)
     with pytest.raises(RendezvousStateError) as caught:
         handler.status()
@@ -260,7 +268,7 @@ def test_a_huge_value_in_the_state_makes_a_short_error(make_node, server, thread
     ],
 )
 def test_a_hostile_lease_is_vacant_and_the_round_completes(make_node, server, thread_deaths, lease):
-    server.set(KEYS + "steward", lease)
+    put(server, KEYS + "steward", lease)
     infos = rendezvous_all([make_node(2, 2), make_node(2, 2)])
     assert sorted(info.rank for info in infos) == [0, 1]
     assert thread_deaths == []
