@@ -1,8 +1,8 @@
 """The report's etcd section: the spread round on etcd at job scale (``etcd_round.py``).
 
 Reads ``etcd_round.json`` (one member), ``etcd_round_kill.json`` (three
-members, the leader killed during the round) and ``idle_bench_etcd.json`` (an
-idle job of 1,000 nodes on etcd, ``idle_bench.py``) from ``benchmarks/results/``,
+members, the leader killed during the round) and ``idle_bench.json`` (its etcd
+row: an idle job of 1,000 nodes on etcd, ``idle_bench.py``) from ``benchmarks/results/``,
 and draws ``etcd-round.png``: the round's time, etcd's requests per node and
 its CPU per node against the node count.
 """
@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 ONE_MEMBER_JSON = HERE / "results" / "etcd_round.json"
 KILL_JSON = HERE / "results" / "etcd_round_kill.json"
 #: ``idle_bench.py --only etcd --out ...``: the idle job on etcd after issue 30.
-IDLE_JSON = HERE / "results" / "idle_bench_etcd.json"
+IDLE_JSON = HERE / "results" / "idle_bench.json"
 TARGET_IDLE_MS_PER_S = 30.0
 PNG = "etcd-round.png"
 #: The issue's targets for one member: N -> seconds.
@@ -156,7 +156,7 @@ def section(alt: str) -> str:
         )
         out.append(
             f"An idle job ({idle['config']['nodes']} nodes over {idle['config']['processes']} "
-            f"processes after its round, `idle_bench.py --only etcd`, {idle['date']}), etcd's "
+            f"processes after its round, `idle_bench.py`, {idle['date']}), etcd's "
             f"CPU per second: {shown}; target {TARGET_IDLE_MS_PER_S:g} ms/s (629 before "
             "issue 25, 177 after it).\n"
         )
