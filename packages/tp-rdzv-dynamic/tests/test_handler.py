@@ -180,6 +180,7 @@ def test_join_timeout_rolls_back(make_node):
 def test_corrupt_state_names_the_key(make_node, server):
     handler = make_node(1, 1)
     server.set("tp_rdzv/job/state", b"\x80\x04not json")
+    assert server.check(["tp_rdzv/job/state"])  # stored before the node's own connection reads
     with pytest.raises(RendezvousStateError, match="tp_rdzv/job/state"):
         handler.next_rendezvous()
     with pytest.raises(RendezvousStateError, match="tp_rdzv/job/state"):
@@ -349,6 +350,7 @@ def test_status_lists_the_round_in_rank_order_with_presence(make_node):
 def test_status_names_a_corrupt_liveness_report(make_node, server):
     handler = make_node(1, 1)
     server.set(f"tp_rdzv/{RUN}/liveness", b"\x00 not json")
+    assert server.check([f"tp_rdzv/{RUN}/liveness"])  # stored before the node reads
     with pytest.raises(RendezvousStateError, match="liveness"):
         handler.status()
 

@@ -233,6 +233,7 @@ def test_torch_run_reads_nothing_as_none_and_the_placeholder_as_empty(server: TC
 
 def test_torch_run_status_and_close(server: TCPStore) -> None:
     server.set(torch_state_key(RUN), encode_torch_state(_state()))
+    assert server.check([torch_state_key(RUN)])  # stored before another connection reads
     run = TorchC10dRun(TCPStore("127.0.0.1", server.port, timeout=5), RUN)
     found = run.read()
     assert found is not None
