@@ -1,8 +1,10 @@
 """The report's etcd section: the spread round on etcd at job scale (``etcd_round.py``).
 
 Reads ``etcd_round.json`` (one member), ``etcd_round_kill.json`` (three
-members, the leader killed during the round) and ``idle_bench.json`` (its etcd
-row: an idle job of 1,000 nodes on etcd, ``idle_bench.py``) from ``benchmarks/results/``,
+members, the leader killed during the round), ``etcd_round_torch.json``
+(torch's ``etcd-v2``), ``etcd_transport.json`` (etcd's CPU per request by
+transport) and ``idle_bench.json`` (its etcd row: an idle job of 1,000 nodes
+on etcd, ``idle_bench.py``) from ``benchmarks/results/``,
 and draws ``etcd-round.png``: the round's time, etcd's requests per node and
 its CPU per node against the node count.
 """
@@ -18,6 +20,10 @@ from report_parts import ETCD_COLOR, OURS_COLOR, markdown_table, pyplot, save
 HERE = Path(__file__).resolve().parent
 ONE_MEMBER_JSON = HERE / "results" / "etcd_round.json"
 KILL_JSON = HERE / "results" / "etcd_round_kill.json"
+#: torch's ``etcd-v2`` on one member with the v2 API (``etcd_round.py --torch-cases``).
+TORCH_JSON = HERE / "results" / "etcd_round_torch.json"
+#: etcd's CPU per request through either transport (``etcd_transport.py --json ...``).
+TRANSPORT_JSON = HERE / "results" / "etcd_transport.json"
 #: ``idle_bench.py --only etcd --out ...``: the idle job on etcd after issue 30.
 IDLE_JSON = HERE / "results" / "idle_bench.json"
 TARGET_IDLE_MS_PER_S = 30.0
@@ -95,6 +101,10 @@ def _rows(data: dict[str, Any] | None) -> list[list[str]]:
             rows.append([case, "failed: " + run["error"][:80], "", "", "", ""])
             continue
         killed = run.get("killed_leader")
+        note = ""
+        if killed:
+            elected = killed.get("elected_after")
+            note = "leader killed" + (f", elected after {elected} s; " if elected else "; ")
         rows.append(
             [
                 case,
@@ -102,10 +112,42 @@ def _rows(data: dict[str, Any] | None) -> list[list[str]]:
                 f"{run['requests_per_node']}",
                 f"{run['etcd_cpu_ms_per_node']}",
                 ", ".join(f"{method} {count}" for method, count in sorted(run["requests"].items())),
-                ("leader killed; " if killed else "") + f"load {run['load'][0]:.0f}",
+                note + f"load {run['load'][0]:.0f}",
             ]
         )
     return rows
+
+
+def _torch_rows(data: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for run in data.get("runs", []):
+        case = f"{run['nodes']} / {run['processes']}"
+        if "error" in run:
+            rows.append([case, "never: " + run["error"][:80], "", ""])
+            continue
+        cpu = f"{run['etcd_cpu_ms_per_node']}"
+        rows.append([case, f"{run['seconds']:.2f}", cpu, f"load {run['load'][0]:.0f}"])
+    return rows
+
+
+def _transport_table(data: dict[str, Any]) -> str:
+    """etcd's CPU per request (ms) and latency, each kind through each transport."""
+    kinds = data["kinds"]
+    ways = list(dict.fromkeys(way for kind in kinds.values() for way in kind))
+    header = ["request", *(f"{way}: etcd CPU ms / latency ms" for way in ways)]
+    rows = [
+        [
+            kind,
+            *(
+                f"{found['etcd_cpu_ms_per_request']} / {found['latency_ms']}"
+                if (found := measured.get(way))
+                else "-"
+                for way in ways
+            ),
+        ]
+        for kind, measured in kinds.items()
+    ]
+    return markdown_table(header, rows, "l" + "r" * len(ways))
 
 
 def _families(run: dict[str, Any]) -> str:
@@ -147,6 +189,24 @@ def section(alt: str) -> str:
             f"the round ({kill['date']}):\n"
         )
         out.append(markdown_table(header, _rows(kill), ALIGN) + "\n")
+    torch = _load(TORCH_JSON)
+    if torch is not None:
+        out.append(
+            f"torch's `etcd-v2` (python-etcd on etcd's v2 API, the member started with "
+            f"`--enable-v2`; {torch['date']}, {torch['config'].get('timeout', '?')} s allowed per "
+            "round; its requests are HTTP/1.1 to the v2 API, which etcd's gRPC counters do not "
+            "see):\n"
+        )
+        header_torch = ["N nodes / processes", "round (s)", "etcd CPU ms / node", "notes"]
+        out.append(markdown_table(header_torch, _torch_rows(torch), "lrrl") + "\n")
+    transport = _load(TRANSPORT_JSON)
+    if transport is not None:
+        out.append(
+            f"etcd's CPU per request by transport (`etcd_transport.py`, etcd "
+            f"{transport['etcd']}, one client sending one request after the other, load "
+            f"{transport['load_before'][0]:.0f} at the start):\n"
+        )
+        out.append(_transport_table(transport) + "\n")
     idle = _load(IDLE_JSON)
     windows = (idle or {}).get("runs", {}).get("etcd", {}).get("windows", {})
     if windows:

@@ -1,6 +1,6 @@
 """Counting a node process's etcd requests by method and by key family (benchmarks only).
 
-:func:`count_requests` wraps ``EtcdGateway``'s two entry points in the node
+Over either transport, :func:`count_requests` wraps its two entry points in the node
 processes of ``spread.py`` when the bench asks for it: every unary call is
 counted as ``<path> <family>`` and every watch opened as ``watch <family>``,
 where the family is the rendezvous key it touches with the run's prefix and
@@ -44,23 +44,29 @@ def family(body: dict[str, Any]) -> str:
 
 
 def count_requests() -> None:
-    """Count every etcd request of this process from now on."""
-    from tp_rdzv_etcd.gateway import EtcdGateway
+    """Count every etcd request of this process from now on (over gRPC or the gateway)."""
+    from tp_rdzv_etcd.client.gateway import EtcdGateway
+    from tp_rdzv_etcd.client.rpc import EtcdRpc
 
-    call, open_watch = EtcdGateway.call, EtcdGateway.open_watch
+    for transport in (EtcdGateway, EtcdRpc):
+        _count(transport)
 
-    def counted_call(self: EtcdGateway, path: str, body: Any, *args: Any, **kwargs: Any) -> Any:
+
+def _count(transport: Any) -> None:
+    call, first_events = transport.call, transport.first_events
+
+    def counted_call(self: Any, path: str, body: Any, *args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             _COUNTS[f"{path} {family(body)}"] += 1
         return call(self, path, body, *args, **kwargs)
 
-    def counted_watch(self: EtcdGateway, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted_watch(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             _COUNTS[f"watch {family(request)}"] += 1
-        return open_watch(self, request, *args, **kwargs)
+        return first_events(self, request, *args, **kwargs)
 
-    EtcdGateway.call = counted_call  # type: ignore[method-assign]
-    EtcdGateway.open_watch = counted_watch  # type: ignore[method-assign]
+    transport.call = counted_call
+    transport.first_events = counted_watch
 
 
 def take_counts() -> dict[str, int]:

@@ -51,6 +51,8 @@ KILL_OUT = HERE / "results" / "etcd_round_kill.json"
 CASES = "128:4,1000:8,2000:8,4000:16"
 KILL_CASES = "1000:8"
 KILL_AFTER = 1.5
+TORCH_OUT = HERE / "results" / "etcd_round_torch.json"
+TORCH_CASES = "32:4,128:4"
 # Messages, not calls: a stream's keep-alives each count (a call counts once, at its end).
 _RECEIVED = re.compile(
     r'^grpc_server_msg_received_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M
@@ -90,47 +92,52 @@ def members_cpu(pids: list[int]) -> float:
 
 
 def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[str, Any]:
+    torch = args.impl == "torch"
     spec = {
-        "impl": "ours",
+        "impl": args.impl,
         "run_id": f"bench-etcd-{case.nodes}-{uuid.uuid4().hex[:8]}",
         "min_nodes": case.nodes,
         "max_nodes": case.nodes,
         "config": ROUND_CONFIG,
         "timeout": args.timeout,
-        "count_requests": True,
-        # A lease of its own per node, as one node per host has: its grant is a request
-        # of the round, its keep-alives etcd's cost (a process's nodes would share one).
-        "session_per_node": True,
+        "count_requests": not torch,
+        "transport": args.transport,
     }
-    with LocalEtcd(args.members, binary=binary) as cluster:
+    v2 = ["--enable-v2"] if torch else []  # torch's etcd-v2 needs the v2 API (etcd <= 3.5)
+    with LocalEtcd(args.members, binary=binary, extra_args=v2) as cluster:
         pids = [member.pid for member in cluster.members if member.pid is not None]
         # The process SpreadGroup times: one that lives through the round (a follower).
         leader = cluster.leader()
         lasting = next((m for m in cluster.members if m is not leader), leader).pid
         assert lasting is not None
-        group = SpreadGroup(
-            StoreProcess(cluster.endpoints, lasting, store="etcd"), args.timeout, None
-        )
+        store = "etcd-v2" if torch else "etcd"
+        process = StoreProcess(cluster.endpoints, lasting, store=store)
+        group = SpreadGroup(process, args.timeout, args.profile)
         try:
             for count in split(case.nodes, case.processes):
                 group.start(spec | {"count": count})
             group.collect("ready", group.slots, max(args.timeout, 120))
-            for node in group.nodes:
-                node.tell("requests")  # set-up's requests are not the round's
-            group.collect("requests", group.slots, args.timeout)
+            if not torch:
+                for node in group.nodes:
+                    node.tell("requests")  # set-up's requests are not the round's
+                group.collect("requests", group.slots, args.timeout)
             before, cpu = received(cluster), members_cpu(pids)
             killed: dict[str, Any] = {}
             if args.kill_leader is not None:
                 timer = threading.Timer(args.kill_leader, _kill_leader, (cluster, killed))
                 timer.start()
             result = group.first_round(case.nodes)
+            if args.kill_leader is not None:
+                timer.join()  # the election's length noted
             cpu = members_cpu(pids) + killed.get("cpu", 0.0) - cpu
             after = received(cluster)
             for method, count in killed.get("requests", {}).items():
                 after[method] = after.get(method, 0) + count
-            for node in group.nodes:
-                node.tell("requests")
-            reported = group.collect("requests", group.slots, args.timeout)
+            reported: dict[int, dict[str, Any]] = {}
+            if not torch:
+                for node in group.nodes:
+                    node.tell("requests")
+                reported = group.collect("requests", group.slots, args.timeout)
         finally:
             group.stop()
     methods = {
@@ -142,6 +149,7 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
             families[name] = families.get(name, 0) + count
     total = sum(methods.values())
     return {
+        "impl": args.impl,
         "nodes": case.nodes,
         "processes": case.processes,
         "members": args.members,
@@ -152,7 +160,9 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
         "requests": methods,
         "requests_per_node": round(total / case.nodes, 2),
         "client_requests": dict(sorted(families.items(), key=lambda item: -item[1])),
-        "killed_leader": None if not killed else {"member": killed["member"]},
+        "killed_leader": None
+        if not killed
+        else {"member": killed["member"], "elected_after": killed.get("elected_after")},
         "load": load_average(),
     }
 
@@ -164,7 +174,15 @@ def _kill_leader(cluster: LocalEtcd, killed: dict[str, Any]) -> None:
     requests = received(LocalEtcdView([leader]))
     cpu = process_cpu_seconds(leader.pid)
     leader.kill()
-    killed.update(member=leader.name, at=time.monotonic(), requests=requests, cpu=cpu)
+    at = time.monotonic()
+    killed.update(member=leader.name, at=at, requests=requests, cpu=cpu)
+    # The election's length, from outside: until a live member names a live leader.
+    while time.monotonic() - at < 60:
+        with contextlib.suppress(RuntimeError):
+            cluster.leader()
+            killed["elected_after"] = round(time.monotonic() - at, 3)
+            return
+        time.sleep(0.05)
 
 
 def run_cases(
@@ -175,10 +193,16 @@ def run_cases(
     args: argparse.Namespace,
     binary: str,
     out: Path,
+    impl: str = "ours",
+    timeout: float | None = None,
 ) -> None:
-    """Every ``N:P`` case of ``cases`` on a fresh cluster of ``members``; results to ``out``."""
+    """Every ``N:P`` case of ``cases`` on a fresh cluster of ``members``; results to ``out``.
+
+    ``impl`` ``torch``: torch's ``etcd-v2`` backend, each case allowed ``timeout`` seconds.
+    """
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    setup = argparse.Namespace(**(vars(args) | {"members": members, "kill_leader": kill_leader}))
+    overrides = {"members": members, "kill_leader": kill_leader, "impl": impl}
+    setup = argparse.Namespace(**(vars(args) | overrides | {"timeout": timeout or args.timeout}))
     runs = []
     for text in cases.split(","):
         case = SpreadCase.parse(text)
@@ -194,8 +218,15 @@ def run_cases(
             "benchmark": "etcd_round",
             "date": date,
             "host": host_info() | {"load_average_at_end": load_average()},
-            "versions": versions(["ours"]) | {"etcd": etcd_version(binary)},
-            "config": {"members": members, "kill_leader": kill_leader, "settings": ROUND_CONFIG},
+            "versions": versions([impl]) | {"etcd": etcd_version(binary)},
+            "config": {
+                "members": members,
+                "kill_leader": kill_leader,
+                "settings": ROUND_CONFIG,
+                "transport": args.transport if impl == "ours" else None,
+                "impl": impl,
+                "timeout": setup.timeout,
+            },
             "runs": runs,
         },
     )
@@ -218,6 +249,25 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds into a kill case's round the leader dies (default {KILL_AFTER})",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per round")
+    parser.add_argument(
+        "--transport",
+        choices=("auto", "grpc", "gateway"),
+        default="auto",
+        help="how the nodes' EtcdStores reach etcd (default auto: gRPC)",
+    )
+    parser.add_argument(
+        "--torch-cases",
+        default=TORCH_CASES,
+        help=f"N:P,... of torch's etcd-v2 on one member with the v2 API, '' for none "
+        f"(default {TORCH_CASES}; needs python-etcd)",
+    )
+    parser.add_argument(
+        "--torch-timeout", type=float, default=200.0, help="seconds allowed per torch round"
+    )
+    parser.add_argument("--torch-out", type=Path, default=TORCH_OUT, help="torch's results")
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy every node process (on-GIL samples) into this dir"
+    )
     parser.add_argument("--etcd-binary", help="default: $TP_ETCD_BINARY, etcd on PATH, ...")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the one-member results")
     parser.add_argument("--kill-out", type=Path, default=KILL_OUT, help="the kill cases' results")
@@ -235,6 +285,17 @@ def main(argv: list[str] | None = None) -> int:
             args=args,
             binary=binary,
             out=args.kill_out,
+        )
+    if args.torch_cases:
+        run_cases(
+            args.torch_cases,
+            members=1,
+            kill_leader=None,
+            args=args,
+            binary=binary,
+            out=args.torch_out,
+            impl="torch",
+            timeout=args.torch_timeout,
         )
     return 0
 

@@ -7,7 +7,7 @@ job), every ``--interval`` seconds, the nodes' turns spread evenly over it:
 - ``sessions``: each node holds a store session (an etcd lease) with a
   presence key and a will, and calls ``keep_alive()`` (``LeaseKeepAlive``,
   served by the leader from memory), on its process's gRPC stream (the
-  default, ``tp_rdzv_etcd.lease_stream``);
+  default, ``tp_rdzv_etcd.client.lease_stream``);
 - ``sessions-gateway``: the same, each keep-alive a request through etcd's
   JSON gateway (``lease_transport="gateway"``);
 - ``heartbeats``: each node ``add``s 1 to its heartbeat counter (a

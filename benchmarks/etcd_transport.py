@@ -2,19 +2,24 @@
 """etcd's CPU and the latency per request: its JSON gateway against its gRPC API.
 
 One client thread sends ``--requests`` requests of each kind one after the
-other to a one-member etcd (data in ``/dev/shm``), three ways:
+other to a one-member etcd (data in ``/dev/shm``), through each of
+``EtcdStore``'s two transports:
 
 - ``gateway``: a JSON POST each through etcd's gateway (``/v3/...``, on a
-  pooled HTTP/1.1 connection, as ``EtcdStore`` sends them);
-- ``grpc``: a unary gRPC call each on one HTTP/2 channel (``grpcio``);
-- ``grpc stream`` (keep-alives only): every keep-alive a message on one
-  ``LeaseKeepAlive`` stream (``tp_rdzv_etcd.lease_stream``, what sessions use).
+  pooled HTTP/1.1 connection; ``tp_rdzv_etcd.client.gateway``);
+- ``grpc``: a unary gRPC call each on the process's HTTP/2 channel, a watch
+  a create and a cancel message on the process's shared ``Watch`` stream
+  (``tp_rdzv_etcd.client.rpc``, ``tp_rdzv_etcd.client.watch_stream``).
 
-The kinds: ``range`` (one key), ``put`` (one small value) and ``keepalive``
-(of one lease). The member's CPU seconds (``/proc/<pid>/stat``) over each
-batch give its CPU per request; the client's wall time gives the mean latency.
-The gRPC messages are encoded by hand (a key, a value, a lease ID), as
-``lease_stream`` does.
+The kinds: ``range`` (one key), ``put`` (one small value), ``txn`` (a
+compare of the value and a put), ``grant`` (a lease; each revoked after the
+batch), ``watch`` (a watch set up and
+cancelled as soon as etcd says it is: through the gateway a streaming POST,
+over gRPC a create and a cancel message on the shared stream) and ``keepalive`` (of one lease: a
+gateway request each, a stream of its own each as the gateway makes inside
+etcd, and ``grpc stream``: a message on one shared ``LeaseKeepAlive`` stream,
+as sessions send them). The member's CPU seconds (``/proc/<pid>/stat``) over
+each batch give its CPU per request; the client's wall time the mean latency.
 
     python benchmarks/etcd_transport.py [--requests 3000] [--json PATH]
 """
@@ -32,22 +37,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-import urllib3
 from hostinfo import load_average
 from spread import process_cpu_seconds
 
+from tp_rdzv_etcd.client.gateway import EtcdGateway, TlsFiles
+from tp_rdzv_etcd.client.lease_stream import encode_request, keeper
+from tp_rdzv_etcd.client.messages import decode
+from tp_rdzv_etcd.client.rpc import EtcdRpc, shared_channel
 from tp_rdzv_etcd.endpoints import parse_endpoints
-from tp_rdzv_etcd.gateway import TlsFiles
 from tp_rdzv_etcd.layout import b64
-from tp_rdzv_etcd.lease_stream import decode_response, encode_request, keeper
 from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
 
-
-def _field(number: int, raw: bytes) -> bytes:
-    """A length-delimited protocol-buffer field (``raw`` shorter than 128 bytes)."""
-    assert len(raw) < 128
-    return bytes([number << 3 | 2, len(raw)]) + raw
+KINDS = ("range", "put", "txn", "grant", "watch")
 
 
 def measure(pid: int, requests: int, send: Callable[[int], object]) -> dict[str, float]:
@@ -64,62 +65,91 @@ def measure(pid: int, requests: int, send: Callable[[int], object]) -> dict[str,
     }
 
 
+class _Created(Exception):
+    """A watch's set-up answered (raised to end the watch there)."""
+
+
+def _created(events: list[Any]) -> list[Any]:
+    raise _Created
+
+
+def _senders(transport: Any, key: bytes, leases: list[int]) -> dict[str, Any]:
+    """One request of each kind through ``transport`` (``call`` and ``first_events``)."""
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = transport.call(path, body, time.monotonic() + 30)
+        return answer
+
+    def grant(_: int) -> None:
+        leases.append(int(call("/v3/lease/grant", {"TTL": 600})["ID"]))
+
+    def watch(_: int) -> None:
+        # From now on (no catch-up); the answer that it was created ends it (a cancel).
+        request = {"key": b64(key)}
+        try:
+            transport.first_events(request, time.monotonic() + 30, _created)
+        except _Created:
+            return
+        raise AssertionError("the watch ended without being created")
+
+    compare = {"key": b64(key), "target": "VALUE", "result": "NOT_EQUAL", "value": b64(b"z")}
+    return {
+        "range": lambda _: call("/v3/kv/range", {"key": b64(key)}),
+        "put": lambda _: call("/v3/kv/put", {"key": b64(key), "value": b64(b"y" * 16)}),
+        "txn": lambda _: call(
+            "/v3/kv/txn",
+            {
+                "compare": [compare],
+                "success": [{"request_put": {"key": b64(key), "value": b64(b"y" * 16)}}],
+            },
+        ),
+        "grant": grant,
+        "watch": watch,
+    }
+
+
 def run(cluster: LocalEtcd, requests: int) -> dict[str, dict[str, Any]]:
     member = cluster.members[0]
     assert member.pid is not None
     url, pid = member.client_url, member.pid
-    pool = urllib3.PoolManager()
-    channel = grpc.insecure_channel(url.split("//", 1)[1])
-    identity = lambda raw: raw  # noqa: E731 - the messages are bytes already
-
-    def unary(method: str) -> Callable[[bytes], bytes]:
-        call: Callable[[bytes], bytes] = channel.unary_unary(
-            method, request_serializer=identity, response_deserializer=identity
-        )
-        return call
-
-    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = pool.request("POST", url + path, body=json.dumps(body).encode(), retries=False)
-        assert answer.status == 200, answer.data
-        decoded: dict[str, Any] = json.loads(answer.data)
-        return decoded
-
+    endpoints = parse_endpoints(url)
+    transports = {
+        "gateway": EtcdGateway(endpoints),
+        "grpc": EtcdRpc(endpoints, tls=TlsFiles()),
+    }
+    gateway = transports["gateway"]
     key = f"/transport/{uuid.uuid4().hex}".encode()
-    post("/v3/kv/put", {"key": b64(key), "value": b64(b"x" * 16)})
-    lease = int(post("/v3/lease/grant", {"TTL": 600})["ID"])
-    grpc_range, grpc_put = unary("/etcdserverpb.KV/Range"), unary("/etcdserverpb.KV/Put")
-    range_message, put_message = _field(1, key), _field(1, key) + _field(2, b"y" * 16)
-    results: dict[str, dict[str, Any]] = {"range": {}, "put": {}, "keepalive": {}}
-    results["range"]["gateway"] = measure(
-        pid, requests, lambda _: post("/v3/kv/range", {"key": b64(key)})
-    )
-    results["range"]["grpc"] = measure(pid, requests, lambda _: grpc_range(range_message))
-    results["put"]["gateway"] = measure(
-        pid, requests, lambda _: post("/v3/kv/put", {"key": b64(key), "value": b64(b"y" * 16)})
-    )
-    results["put"]["grpc"] = measure(pid, requests, lambda _: grpc_put(put_message))
+    gateway.call("/v3/kv/put", {"key": b64(key), "value": b64(b"x" * 16)}, time.monotonic() + 30)
+    results: dict[str, dict[str, Any]] = {kind: {} for kind in (*KINDS, "keepalive")}
+    leases: list[int] = []
+    for name, transport in transports.items():
+        senders = _senders(transport, key, leases)
+        for kind in KINDS:
+            results[kind][name] = measure(pid, requests, senders[kind])
+    for lease in leases:
+        gateway.call("/v3/lease/revoke", {"ID": str(lease)}, time.monotonic() + 30)
+    lease = int(gateway.call("/v3/lease/grant", {"TTL": 600}, time.monotonic() + 30)["ID"])
     results["keepalive"]["gateway"] = measure(
-        pid, requests, lambda _: post("/v3/lease/keepalive", {"ID": str(lease)})
+        pid,
+        requests,
+        lambda _: gateway.call("/v3/lease/keepalive", {"ID": str(lease)}, time.monotonic() + 30),
     )
+    channel = shared_channel(endpoints[0], TlsFiles())
 
     def one_stream_each(_: int) -> None:
         """A keep-alive on a stream of its own, as the gateway does inside etcd."""
-        call = channel.stream_stream(
-            "/etcdserverpb.Lease/LeaseKeepAlive",
-            request_serializer=identity,
-            response_deserializer=identity,
+        answers = channel.stream_stream("/etcdserverpb.Lease/LeaseKeepAlive")(
+            iter([encode_request(lease)])
         )
-        answers = call(iter([encode_request(lease)]))
-        assert decode_response(next(answers))[1] > 0
+        assert int(decode("LeaseKeepAliveResponse", next(answers)).get("TTL", 0)) > 0
         answers.cancel()
 
     results["keepalive"]["grpc"] = measure(pid, requests, one_stream_each)
-    shared = keeper(parse_endpoints(url), TlsFiles())
+    shared = keeper(endpoints, TlsFiles())
     results["keepalive"]["grpc stream"] = measure(
         pid, requests, lambda _: shared.keep_alive(lease, 30)
     )
-    channel.close()
-    pool.clear()
+    gateway.close()
     return results
 
 

@@ -1,4 +1,4 @@
-"""Backend ``etcd``: a warning for the config keys it does not read; ``is_host``.
+"""Backend ``etcd``: a warning for the config keys it does not read; ``is_host``; ``transport``.
 
 Real handlers from the registry on a real etcd (``tp_rdzv_etcd.local``).
 """
@@ -15,7 +15,10 @@ from tp_rdzv_api import RendezvousParameters, create_handler
 from tp_rdzv_api.config_keys import LAUNCHER_KEYS
 from tp_rdzv_api.testing import RecordingConfig, config_key_warnings
 from tp_rdzv_dynamic.factory import SETTINGS_KEYS
-from tp_rdzv_etcd.factory import CONFIG_KEYS, STORE_KEYS, TLS_FILE_KEYS
+from tp_rdzv_etcd.client.gateway import EtcdGateway
+from tp_rdzv_etcd.client.rpc import EtcdRpc
+from tp_rdzv_etcd.client.transport import GrpcOrGateway
+from tp_rdzv_etcd.factory import CONFIG_KEYS, STORE_KEYS, TLS_FILE_KEYS, create_store
 from tp_rdzv_etcd.local import LocalEtcd
 
 
@@ -89,3 +92,17 @@ def test_is_host_true_is_an_error() -> None:
         create_handler(params("127.0.0.1:1", is_host="yes"))
     with pytest.raises(ValueError, match="'is_host' must be a boolean"):
         create_handler(params("127.0.0.1:1", is_host="maybe"))
+
+
+@pytest.mark.parametrize("transport", ["grpc", "gateway", "AUTO"])
+def test_transport_picks_how_requests_travel(etcd1: LocalEtcd, transport: str) -> None:
+    expected = {"grpc": EtcdRpc, "gateway": EtcdGateway, "AUTO": GrpcOrGateway}[transport]
+    with create_store(params(etcd1.endpoints, transport=transport)) as store:
+        assert isinstance(store._transport, expected)
+        store.set("k", "v")  # it works whichever way
+        assert store.get("k") == b"v"
+
+
+def test_a_bad_transport_is_an_error_naming_the_key() -> None:
+    with pytest.raises(ValueError, match="'transport' must be one of auto, grpc, gateway"):
+        create_handler(params("127.0.0.1:1", transport="carrier-pigeon"))

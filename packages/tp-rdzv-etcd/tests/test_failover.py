@@ -1,4 +1,5 @@
-"""Failover between members, the registry entry, and a store with nobody to talk to."""
+"""Failover between members, the registry entry, a store with nobody to talk to, and
+requests abandoned when a new leader is elected."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
 from tp_rdzv_api import RendezvousParameters, create_handler
 from tp_rdzv_etcd import EtcdStore
+from tp_rdzv_etcd.client.rpc import RaftTerm
 from tp_rdzv_etcd.local import LocalEtcd, free_ports
 from tp_store import StoreConnectionError
 
@@ -74,3 +77,37 @@ def test_the_registry_builds_an_etcd_handler(etcd1: LocalEtcd) -> None:
         assert (info.rank, info.world_size) == (0, 1)
     finally:
         handler.shutdown()
+
+
+@pytest.mark.parametrize("answered_first", [True, False])
+def test_a_request_of_an_older_raft_term_is_abandoned(answered_first: bool) -> None:
+    """A call waits for its answer unless an answer from a newer term (a new leader) comes
+    first: then it is given up on at once, as one whose answer was lost."""
+    term = RaftTerm()
+    term.saw({"header": {"raft_term": "3"}})
+    pending: Future[bytes] = Future()
+    pending.set_running_or_notify_cancel()
+    since = term.current
+
+    def meanwhile() -> None:
+        if answered_first:
+            pending.set_result(b"answer")
+        else:
+            term.saw({"header": {"raft_term": "4"}})  # another call's answer, after an election
+
+    threading.Thread(target=meanwhile).start()
+    assert term.await_answer(pending, since) is answered_first
+    assert term.current == (3 if answered_first else 4)
+
+
+def test_before_any_term_is_known_a_request_waits_for_its_answer() -> None:
+    term = RaftTerm()
+    pending: Future[bytes] = Future()
+    pending.set_running_or_notify_cancel()
+
+    def meanwhile() -> None:
+        term.saw({"header": {"raft_term": "2"}})  # the first answer: no older term to compare
+        pending.set_result(b"answer")
+
+    threading.Thread(target=meanwhile).start()
+    assert term.await_answer(pending, 0)

@@ -1,4 +1,4 @@
-"""Keep-alives on one gRPC stream per process (``tp_rdzv_etcd.lease_stream``)."""
+"""Keep-alives on one gRPC stream per process (``tp_rdzv_etcd.client.lease_stream``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_rdzv_etcd import EtcdSession, EtcdStore
-from tp_rdzv_etcd.lease_stream import decode_response, encode_request
+from tp_rdzv_etcd.client.lease_stream import decode_response, encode_request
+from tp_rdzv_etcd.client.transport import GrpcOrGateway
 from tp_rdzv_etcd.local import LocalEtcd
-from tp_store import SessionExpiredError
+from tp_store import SessionExpiredError, StoreConnectionError
 
 
 def _response(lease: int, ttl: int, header: bytes = b"\x08\x01\x10\x02") -> bytes:
@@ -233,7 +234,15 @@ def test_where_grpc_is_blocked_auto_keeps_leases_alive_through_the_gateway(
         assert proxy.refused > 0  # gRPC was tried, and blocked
         assert not session.ended
         assert store.get("present/a") == b"token"  # the lease outlived its TTL
+        # The requests found gRPC blocked too and went through the gateway.
+        assert isinstance(store._transport, GrpcOrGateway)
+        assert store._transport.blocked
         session.close()
         store.close()
+        # Without the fallback, the store says gRPC reaches no member.
+        url = f"http://127.0.0.1:{proxy.port}"
+        grpc_only = EtcdStore(url, f"/ka/{uuid.uuid4().hex}/", timeout=30, transport="grpc")
+        with pytest.raises(StoreConnectionError, match="over gRPC: no member can be reached"):
+            grpc_only.set("k", "v")
     finally:
         proxy.close()

@@ -251,17 +251,17 @@ def _prefix() -> str:
 
 
 def _watch_opened(store: EtcdStore) -> threading.Event:
-    """An event set once ``store`` has opened a watch: its waiter is blocked in etcd."""
+    """An event set once ``store``'s waiter has read and goes on to watch (from the
+    revision after its read: a write from then on wakes it)."""
     opened = threading.Event()
-    gateway = store._gateway
-    open_watch = gateway.open_watch
+    transport = store._transport
+    first_events = transport.first_events
 
-    def opening(*args: Any, **kwargs: Any) -> Any:
-        response = open_watch(*args, **kwargs)
+    def watching(*args: Any, **kwargs: Any) -> Any:
         opened.set()
-        return response
+        return first_events(*args, **kwargs)
 
-    gateway.open_watch = opening  # type: ignore[method-assign]
+    transport.first_events = watching  # type: ignore[method-assign]
     return opened
 
 

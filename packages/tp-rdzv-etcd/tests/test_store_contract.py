@@ -1,4 +1,5 @@
-"""The Store contract (tp_store.testing.contract) on EtcdStore, on one and on three members."""
+"""The Store contract (tp_store.testing.contract) on EtcdStore, on one and on three members,
+its requests over gRPC and through the JSON gateway."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from tp_store.testing.contract import TIMEOUT, Harness, StoreContract
 pytestmark = pytest.mark.etcd
 
 
-@pytest.fixture(params=["etcd-1", "etcd-3"])
+@pytest.fixture(params=["etcd-1/grpc", "etcd-1/gateway", "etcd-3/grpc", "etcd-3/gateway"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    cluster = request.getfixturevalue("etcd1" if request.param == "etcd-1" else "etcd3")
+    members, transport = request.param.split("/")
+    cluster = request.getfixturevalue("etcd1" if members == "etcd-1" else "etcd3")
     # A prefix of its own per test: the data of earlier tests is out of sight.
     opener = functools.partial(
-        EtcdStore, cluster.endpoints, f"/contract/{uuid.uuid4().hex}/", timeout=TIMEOUT
+        EtcdStore,
+        cluster.endpoints,
+        f"/contract/{uuid.uuid4().hex}/",
+        timeout=TIMEOUT,
+        transport=transport,
     )
     built = Harness(opener(), opener, crosses_processes=True)
     yield built

@@ -38,7 +38,7 @@ from tp_rdzv_dynamic import DynamicRendezvousHandler
 from tp_rdzv_dynamic.factory import SETTINGS_KEYS, build_handler
 
 from .endpoints import PROTOCOLS, parse_endpoints
-from .store import LEASE_TRANSPORTS, EtcdStore
+from .store import TRANSPORTS, EtcdStore
 
 USER_ENV = "TP_RDZV_ETCD_USER"
 PASSWORD_ENV = "TP_RDZV_ETCD_PASSWORD"
@@ -47,9 +47,19 @@ DEFAULT_PREFIX = "/tp_rdzv"
 DEFAULT_READ_TIMEOUT = 60.0
 #: The config keys naming the PEM files of TLS: CA bundle, client certificate, its key.
 TLS_FILE_KEYS = ("cacert", "cert", "key")
+#: The config keys choosing how requests, and how lease keep-alives, reach etcd.
+TRANSPORT_KEYS = ("transport", "lease_transport")
 #: The config keys :func:`create_store` reads.
 STORE_KEYS = frozenset(
-    {"protocol", "etcd_prefix", "read_timeout", "is_host", "lease_transport", *TLS_FILE_KEYS}
+    {
+        "protocol",
+        "etcd_prefix",
+        "read_timeout",
+        "is_host",
+        "transport",
+        "lease_transport",
+        *TLS_FILE_KEYS,
+    }
 )
 #: Every config key backend ``etcd`` reads; others get a warning.
 CONFIG_KEYS = SETTINGS_KEYS | STORE_KEYS
@@ -97,12 +107,7 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
     )
     if read_timeout <= 0:
         raise ValueError(f"rendezvous config option 'read_timeout' must be > 0, got {raw_timeout}")
-    lease_transport = _text(params, "lease_transport", "auto").lower()
-    if lease_transport not in LEASE_TRANSPORTS:
-        raise ValueError(
-            "rendezvous config option 'lease_transport' must be one of "
-            f"{', '.join(LEASE_TRANSPORTS)}, got {lease_transport!r}"
-        )
+    transport, lease_transport = (_transport(params, name) for name in TRANSPORT_KEYS)
     return EtcdStore(
         [endpoint.url for endpoint in endpoints],
         f"{prefix}/{params.run_id}/",
@@ -114,7 +119,18 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
         user=user,
         password=password,
         lease_transport=lease_transport,
+        transport=transport,
     )
+
+
+def _transport(params: RendezvousParameters, key: str) -> str:
+    value = _text(params, key, "auto").lower()
+    if value not in TRANSPORTS:
+        raise ValueError(
+            f"rendezvous config option {key!r} must be one of {', '.join(TRANSPORTS)}, "
+            f"got {value!r}"
+        )
+    return value
 
 
 def _text(params: RendezvousParameters, key: str, default: str) -> str:

@@ -36,9 +36,9 @@ from tp_store.base import Data, as_bytes
 from tp_store.errors import StoreLimitError
 from tp_store.protocol import Limits
 
-from .gateway import Json, LeaseNotFoundError
+from .client.gateway import Json, LeaseNotFoundError
+from .client.lease_stream import COALESCE, KeepAliveFailed, LeaseKeeper
 from .layout import b64
-from .lease_stream import COALESCE, KeepAliveFailed, LeaseKeeper
 from .wills import Will, push_own
 
 if TYPE_CHECKING:

@@ -36,15 +36,13 @@ from __future__ import annotations
 
 import collections
 import copy
-import json
+import functools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from tp_store import QueueEmptyError, Store, StoreSession
 from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes, as_keys
@@ -57,18 +55,21 @@ from tp_store.semantics import (
 )
 from tp_store.sessions.base import session_timeout_seconds
 
-from . import lease_stream
+from .client import rpc
+from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
+from .client.lease_stream import LeaseKeeper, keeper
+from .client.rpc import EtcdRpc
+from .client.transport import GrpcOrGateway
+from .client.watch_stream import Watch
 from .endpoints import Endpoint, parse_endpoints
-from .gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .layout import KeyLayout, b64, range_end, unb64
-from .lease_stream import LeaseKeeper, keeper
 from .session import EtcdSession
 from .wills import any_due, count_requests, push_due, wakes
 
 log = logging.getLogger(__name__)
 
-#: The values of ``EtcdStore(lease_transport=...)``.
-LEASE_TRANSPORTS = ("auto", "grpc", "gateway")
+#: The values of ``EtcdStore(transport=...)`` and ``EtcdStore(lease_transport=...)``.
+TRANSPORTS = ("auto", "grpc", "gateway")
 #: etcd's default limit of operations in one transaction (``--max-txn-ops``).
 MAX_TXN_OPS = 128
 #: How many of a queue's oldest values one read fetches for the pops that follow.
@@ -76,6 +77,8 @@ _POP_BATCH = 64
 #: Back-off after losing a race for a key: random, up to this unit x 2^losses, at most the cap.
 _BACKOFF_UNIT = 0.001
 _MAX_BACKOFF = 0.05
+#: The most watches a handle keeps for waits to come (the oldest is cancelled).
+_MAX_PARKED = 16
 #: The most counters a handle remembers the last revision of.
 _MAX_REMEMBERED = 4096
 #: Keys whose existence one transaction reads: three reads each (see ``_missing``).
@@ -96,6 +99,10 @@ def _kv(kv: Json) -> tuple[bytes, int, bytes]:
 def _first_kv(answer: Json) -> Json | None:
     kvs = answer.get("kvs")
     return kvs[0] if kvs else None
+
+
+def _all(events: list[Json]) -> list[Json]:
+    return events
 
 
 def _back_off(conflicts: int) -> None:
@@ -123,19 +130,15 @@ def _unchanged_since(key: bytes, mod_revision: int) -> Json:
     return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
 
 
-def _grpc_leases(transport: str, *, with_user: bool) -> bool:
-    """Whether keep-alives go on a gRPC stream, for ``lease_transport=transport``."""
-    if transport not in LEASE_TRANSPORTS:
-        raise ValueError(
-            f"lease_transport must be one of {', '.join(LEASE_TRANSPORTS)}, got {transport!r}"
-        )
-    if transport == "grpc" and not lease_stream.available():
-        raise ValueError("lease_transport grpc needs grpcio (pip install grpcio)")
+def _over_grpc(setting: str, transport: str, *, with_user: bool) -> bool:
+    """Whether ``setting=transport`` (``transport`` or ``lease_transport``) means gRPC."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"{setting} must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if transport == "grpc" and not rpc.available():
+        raise ValueError(f"{setting} grpc needs grpcio (pip install grpcio)")
     if transport == "grpc" and with_user:
-        raise ValueError("lease_transport grpc cannot authenticate: etcd users need 'gateway'")
-    return transport == "grpc" or (
-        transport == "auto" and lease_stream.available() and not with_user
-    )
+        raise ValueError(f"{setting} grpc cannot authenticate: etcd users need 'gateway'")
+    return transport == "grpc" or (transport == "auto" and rpc.available() and not with_user)
 
 
 class EtcdStore(Store):
@@ -189,6 +192,7 @@ class EtcdStore(Store):
         password: str | None = None,
         attempt_timeout: float = 10.0,
         lease_transport: str = "auto",
+        transport: str = "auto",
     ) -> None:
         super().__init__(timeout)
         self._endpoints: tuple[Endpoint, ...] = parse_endpoints(endpoints, protocol)
@@ -201,9 +205,14 @@ class EtcdStore(Store):
             raise ValueError("an EtcdStore user needs a password (and a password a user)")
         if not attempt_timeout > 0:
             raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout!r}")
-        self._grpc_leases = _grpc_leases(lease_transport, with_user=user is not None)
-        # auto: a keep-alive the gRPC stream did not deliver goes through the gateway.
+        self._grpc_leases = _over_grpc(
+            "lease_transport", lease_transport, with_user=user is not None
+        )
+        self._grpc = _over_grpc("transport", transport, with_user=user is not None)
+        # auto: a keep-alive the gRPC stream did not deliver goes through the gateway,
+        # and requests too where gRPC reaches no member.
         self._lease_fallback = lease_transport == "auto"
+        self._fallback = transport == "auto"
         # What _connect needs for every handle (a clone's too).
         self._options: dict[str, Any] = {
             "cacert": cacert,
@@ -234,12 +243,23 @@ class EtcdStore(Store):
             credentials=None if user is None or password is None else (user, password),
             attempt_timeout=options["attempt_timeout"],
         )
+        # Requests and watches: over gRPC, or through the gateway too.
+        self._transport: EtcdGateway | EtcdRpc | GrpcOrGateway = self._gateway
+        if self._grpc:
+            rpc = EtcdRpc(
+                self._endpoints,
+                tls=TlsFiles(options["cacert"], options["cert"], options["key"]),
+                attempt_timeout=options["attempt_timeout"],
+            )
+            self._transport = GrpcOrGateway(rpc, self._gateway) if self._fallback else rpc
         self._lock = threading.Lock()
         # The last (mod_revision, value) this handle saw of a counter: a node's
         # own heartbeat counter then costs one transaction per add.
         self._seen: dict[bytes, tuple[int, bytes | None]] = {}
         # The oldest values of each queue, fetched in one read, popped in order.
         self._batches: dict[bytes, collections.deque[_Item]] = {}
+        # The watches of waits that timed out, by key, for the next wait (gRPC only).
+        self._parked: dict[bytes, Watch] = {}
 
     @property
     def _lease_keeper(self) -> LeaseKeeper | None:
@@ -273,7 +293,11 @@ class EtcdStore(Store):
         return twin
 
     def close(self) -> None:
-        """Close this handle's connections."""
+        """Close this handle's connections (and cancel its parked watches)."""
+        with self._lock:
+            parked, self._parked = list(self._parked.values()), {}
+        for watch in parked:
+            watch.cancel()
         self._gateway.close()
 
     def __repr__(self) -> str:
@@ -293,7 +317,7 @@ class EtcdStore(Store):
         return time.monotonic() + self.timeout.total_seconds()
 
     def _call(self, path: str, body: Json, *, retry_ambiguous: bool = True) -> Json:
-        return self._gateway.call(path, body, self._deadline(), retry_ambiguous=retry_ambiguous)
+        return self._transport.call(path, body, self._deadline(), retry_ambiguous=retry_ambiguous)
 
     def _range(self, key: bytes, end: bytes | None = None, **options: Any) -> Json:
         body: Json = {"key": b64(key), **options}
@@ -336,11 +360,25 @@ class EtcdStore(Store):
         deadline = time.monotonic() + seconds
         etcd_key = self._layout.value(raw_key)
         while True:
-            answer = self._range(etcd_key)
-            kv = _first_kv(answer)
-            if kv is not None:
-                return _kv(kv)[2]
-            events = self._await_put(etcd_key, None, _revision(answer) + 1, deadline)
+            parked = self._unpark(etcd_key)
+            if parked is not None:
+                # The watch of the last wait for this key, kept: no write since is lost.
+                assert not isinstance(self._transport, EtcdGateway)  # it parks none
+                events = self._transport.resume(
+                    parked, deadline, _all, functools.partial(self._park, etcd_key)
+                )
+            else:
+                answer = self._range(etcd_key)
+                kv = _first_kv(answer)
+                if kv is not None:
+                    return _kv(kv)[2]
+                events = self._await_put(
+                    etcd_key,
+                    None,
+                    _revision(answer) + 1,
+                    deadline,
+                    park=functools.partial(self._park, etcd_key),
+                )
             if events is None:
                 raise timeout_error([raw_key], seconds)
             for event in events:
@@ -561,6 +599,7 @@ class EtcdStore(Store):
         deadline: float,
         *,
         wills_of: bytes | None = None,
+        park: Callable[[Watch], None] | None = None,
     ) -> list[Json] | None:
         """The first puts on ``key`` (or ``[key, end)``) from ``start_revision`` on.
 
@@ -574,34 +613,30 @@ class EtcdStore(Store):
             request["filters"] = ["NODELETE"]
         if end is not None:
             request["range_end"] = b64(end)
-        response = self._gateway.open_watch(request, deadline)
-        if response is None:
-            return None
-        pending = b""
-        try:
-            for chunk in response.stream(65536):
-                pending += chunk
-                while b"\n" in pending:
-                    line, pending = pending.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    answer = json.loads(line)
-                    result = answer.get("result") if isinstance(answer, dict) else None
-                    if not isinstance(result, dict) or result.get("canceled"):
-                        return []  # an error, a compaction, a member without a leader
-                    events = result.get("events") or []
-                    if wills_of is not None:
-                        events = [e for e in events if wakes(e, self._layout, wills_of)]
-                    if events:
-                        return list(events)
-        except ReadTimeoutError:
-            return None if time.monotonic() >= deadline - 0.01 else []
-        except (HTTPError, OSError, ValueError, RecursionError):
-            return []
-        finally:
-            response.close()
-            response.release_conn()
-        return []
+
+        def keep(events: list[Json]) -> list[Json]:
+            if wills_of is None:
+                return events
+            return [event for event in events if wakes(event, self._layout, wills_of)]
+
+        return self._transport.first_events(request, deadline, keep, park)
+
+    def _park(self, etcd_key: bytes, watch: Watch) -> None:
+        """Keep the watch of a wait for ``etcd_key`` that timed out, for the next wait
+        for it (a caller waiting in slices costs one read and one watch in all)."""
+        with self._lock:
+            self._parked[etcd_key] = watch
+            evicted = (
+                self._parked.pop(next(iter(self._parked)))
+                if len(self._parked) > _MAX_PARKED
+                else None
+            )
+        if evicted is not None:
+            evicted.cancel()
+
+    def _unpark(self, etcd_key: bytes) -> Watch | None:
+        with self._lock:
+            return self._parked.pop(etcd_key, None)
 
     # -- listing ----------------------------------------------------------------
     def _value_keys(self) -> list[bytes]:

@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .gateway import Json
+from .client.gateway import Json
 from .layout import KeyLayout, b64, range_end, unb64
 
 #: A unary gateway request: ``(path, body) -> answer``.

@@ -10,7 +10,7 @@ the answers name their lease and go to whoever waits for it.
 
 The two messages are tiny (``LeaseKeepAliveRequest``: field 1, the lease ID;
 ``LeaseKeepAliveResponse``: field 1 a header, 2 the ID, 3 the TTL left), so
-they are encoded here as protocol buffers by hand, without generated code.
+they are encoded by :mod:`.messages`, without generated code.
 
 When a stream breaks (its member died, or lost its leader: the stream asks
 for one with ``hasleader``), the keep-alives waiting on it fail with the
@@ -29,13 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .endpoints import Endpoint
-from .gateway import TlsFiles
+from tp_rdzv_etcd.endpoints import Endpoint
 
-try:
-    import grpc
-except ImportError:  # pragma: no cover - grpcio is a dependency; a broken install falls back
-    grpc = None
+from . import messages
+from .gateway import TlsFiles
+from .rpc import open_channel
 
 _METHOD = "/etcdserverpb.Lease/LeaseKeepAlive"
 #: Ask the member to end the stream when it has no leader, so the keep-alive goes elsewhere.
@@ -46,25 +44,9 @@ UNAVAILABLE = 14
 COALESCE = 0.5
 
 
-def available() -> bool:
-    """Whether gRPC keep-alives can be used here (``grpcio`` imports)."""
-    return grpc is not None
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
 def encode_request(lease: int) -> bytes:
-    """A ``LeaseKeepAliveRequest`` for ``lease`` (field 1, varint)."""
-    return b"\x08" + _varint(lease)
+    """A ``LeaseKeepAliveRequest`` for ``lease``."""
+    return messages.encode("LeaseKeepAliveRequest", {"ID": lease})
 
 
 def decode_response(data: bytes) -> tuple[int, int]:
@@ -72,39 +54,8 @@ def decode_response(data: bytes) -> tuple[int, int]:
 
     Raises ``ValueError`` on bytes that are not one.
     """
-    fields: dict[int, int] = {}
-    index = 0
-    while index < len(data):
-        tag, index = _read_varint(data, index)
-        field, wire_type = tag >> 3, tag & 7
-        number, index = _read_varint(data, index)
-        if wire_type == 2:  # length-delimited (the header): skip it
-            index += number
-        elif wire_type != 0:
-            raise ValueError(f"unexpected wire type {wire_type} in a keep-alive answer")
-        else:
-            fields[field] = number
-    if index != len(data):
-        raise ValueError("a truncated keep-alive answer")
-    return _signed(fields.get(2, 0)), _signed(fields.get(3, 0))
-
-
-def _read_varint(data: bytes, index: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if index >= len(data) or shift > 63:
-            raise ValueError("a truncated or oversized varint in a keep-alive answer")
-        byte = data[index]
-        index += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, index
-
-
-def _signed(value: int) -> int:
-    """An int64 as protocol buffers carry it (two's complement in 64 bits)."""
-    return value - (1 << 64) if value >= 1 << 63 else value
+    answer = messages.decode("LeaseKeepAliveResponse", data)
+    return int(answer.get("ID", 0)), int(answer.get("TTL", 0))
 
 
 class KeepAliveFailed(Exception):
@@ -301,7 +252,7 @@ class LeaseKeeper:
         with self._lock:
             if self._stream is None or self._stream.broken:
                 endpoint = self.endpoints[self._next % len(self.endpoints)]
-                self._stream = _Stream(self._channel(endpoint), endpoint, self._ended)
+                self._stream = _Stream(open_channel(endpoint, self._tls), endpoint, self._ended)
             return self._stream
 
     def _ended(self, stream: _Stream) -> None:
@@ -310,25 +261,6 @@ class LeaseKeeper:
             if self._stream is stream:
                 self._stream = None
                 self._next += 1
-
-    def _channel(self, endpoint: Endpoint) -> Any:
-        assert grpc is not None
-        target = f"{endpoint.host}:{endpoint.port}"
-        if endpoint.scheme == "http":
-            return grpc.insecure_channel(target)
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read(self._tls.cacert),
-            private_key=_read(self._tls.key),
-            certificate_chain=_read(self._tls.cert),
-        )
-        return grpc.secure_channel(target, credentials)
-
-
-def _read(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    with open(path, "rb") as file:
-        return file.read()
 
 
 _KEEPERS: dict[tuple[int, tuple[Endpoint, ...], TlsFiles], LeaseKeeper] = {}

@@ -21,7 +21,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +36,8 @@ from urllib3.exceptions import (
 )
 from urllib3.response import BaseHTTPResponse
 
+from tp_rdzv_etcd.endpoints import Endpoint
 from tp_store import StoreConnectionError, StoreError
-
-from .endpoints import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +59,14 @@ _OLD_AUTH_REVISION = {
     2: "auth: revision in header is old",
 }
 #: Passes over every member, all unreachable, before a call gives up early.
-_UNREACHABLE_PASSES = 3
-_FIRST_BACKOFF = 0.05
-_MAX_BACKOFF = 0.5
+UNREACHABLE_PASSES = 3
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 0.5
 #: Connections kept per member: a handle's heartbeat thread and its caller at once.
 _POOL_SIZE = 4
-# Ask the member to cancel a watch when it loses its leader, so a watcher on a
-# member cut off from the quorum finds a working one instead of hearing nothing.
+# Ask the member to refuse a request, and cancel a watch, when it has no leader, so
+# a client of a member cut off from the quorum finds a working one instead of
+# waiting for etcd's request timeout, or hearing nothing.
 _REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
 
 
@@ -149,7 +149,7 @@ class EtcdGateway:
             StoreError: a member rejected the request (a bad request, no permission).
         """
         payload = json.dumps(body).encode()
-        backoff = _FIRST_BACKOFF
+        backoff = FIRST_BACKOFF
         unreachable_passes = 0
         last = "no attempt"
         while True:
@@ -172,12 +172,12 @@ class EtcdGateway:
                 self._prefer(endpoint)
                 return answer
             unreachable_passes = 0 if reached_any else unreachable_passes + 1
-            if unreachable_passes >= _UNREACHABLE_PASSES:
+            if unreachable_passes >= UNREACHABLE_PASSES:
                 raise self._gave_up(path, f"no member can be reached ({last})")
             pause = min(backoff, deadline - time.monotonic())
             if pause > 0:
                 time.sleep(pause)  # an election is under way, or members are restarting
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+            backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _gave_up(self, path: str, why: str) -> StoreConnectionError:
         members = ", ".join(map(str, self.endpoints))
@@ -222,7 +222,7 @@ class EtcdGateway:
         """
         payload = json.dumps({"create_request": create_request}).encode()
         unreachable_passes = 0
-        backoff = _FIRST_BACKOFF
+        backoff = FIRST_BACKOFF
         last = "no attempt"
         while True:
             reached_any = False
@@ -251,12 +251,50 @@ class EtcdGateway:
                 last = f"{endpoint}: {failure}"
                 reached_any = True
             unreachable_passes = 0 if reached_any else unreachable_passes + 1
-            if unreachable_passes >= _UNREACHABLE_PASSES:
+            if unreachable_passes >= UNREACHABLE_PASSES:
                 raise self._gave_up("/v3/watch", f"no member can be reached ({last})")
             pause = min(backoff, deadline - time.monotonic())
             if pause > 0:
                 time.sleep(pause)
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def first_events(
+        self,
+        create_request: Json,
+        deadline: float,
+        keep: Callable[[list[Json]], list[Json]],
+        park: object = None,
+    ) -> list[Json] | None:
+        """The first events of a watch (``create_request``) that ``keep`` keeps;
+        ``None`` at the deadline, ``[]`` if the watch ended early (its member died,
+        lost its leader, or compacted past the revision): the caller reads again.
+        A watch through the gateway ends with the call (``park`` is not used)."""
+        response = self.open_watch(create_request, deadline)
+        if response is None:
+            return None
+        pending = b""
+        try:
+            for chunk in response.stream(65536):
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    answer = json.loads(line)
+                    result = answer.get("result") if isinstance(answer, dict) else None
+                    if not isinstance(result, dict) or result.get("canceled"):
+                        return []  # an error, a compaction, a member without a leader
+                    events = keep(list(result.get("events") or []))
+                    if events:
+                        return events
+        except ReadTimeoutError:
+            return None if time.monotonic() >= deadline - 0.01 else []
+        except (HTTPError, OSError, ValueError, RecursionError):
+            return []
+        finally:
+            response.close()
+            response.release_conn()
+        return []
 
     # -- one request to one member -------------------------------------------------
     def _send(
@@ -271,9 +309,7 @@ class EtcdGateway:
     ) -> BaseHTTPResponse:
         if authorize and self._credentials is not None and self._token is None:
             self._authenticate(endpoint, remaining, stale=False)
-        headers = {"Content-Type": "application/json"}
-        if stream:
-            headers.update(_REQUIRE_LEADER)
+        headers = {"Content-Type": "application/json", **_REQUIRE_LEADER}
         token = self._token if authorize else None
         if token is not None:
             headers["Authorization"] = token
@@ -399,6 +435,9 @@ def _failure(endpoint: Endpoint, path: str, status: int, error: Json) -> Excepti
     """The exception for an error answer: ``_Unavailable`` if another try may work."""
     message = error.get("message") or error.get("error") or f"HTTP {status}"
     code = error.get("code")
+    if message == "etcdserver: no leader":
+        # Refused before it was handled (hasleader): it may go anywhere.
+        return _Unavailable("unavailable: no leader", reached=True, ambiguous=False)
     if code in _TRANSIENT_CODES or (code is None and status >= 500):
         # The member was reached but cannot serve now; a write it accepted may
         # still be committed by the next leader.

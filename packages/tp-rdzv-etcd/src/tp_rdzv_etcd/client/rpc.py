@@ -1,0 +1,417 @@
+"""Requests to etcd's gRPC API (``etcdserverpb.KV``, ``Lease``, ``Watch``), failing over.
+
+The same calls as :class:`~.gateway.EtcdGateway` (the same paths, bodies and
+answers in the gateway's JSON shape, :mod:`.messages` translating), with the
+same failover rules, on one HTTP/2 connection per member and process that
+every handle shares. etcd spends about half the CPU on a request that comes
+over gRPC that it spends on one through its JSON gateway, which decodes the
+JSON and makes a second gRPC call inside etcd (``benchmarks/etcd_transport.py``).
+
+Only for clusters without etcd authentication (users go through the gateway).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tp_rdzv_etcd.endpoints import Endpoint
+from tp_store import StoreConnectionError, StoreError
+
+from . import messages
+from .gateway import (
+    FIRST_BACKOFF,
+    MAX_BACKOFF,
+    UNREACHABLE_PASSES,
+    AmbiguousResultError,
+    Json,
+    LeaseNotFoundError,
+    TlsFiles,
+)
+from .watch_stream import StreamBroken, Watch, shared_stream
+
+try:
+    import grpc
+except ImportError:  # pragma: no cover - grpcio is a dependency; a broken install falls back
+    grpc = None
+
+#: The gateway's paths, as gRPC methods with their request and answer messages.
+METHODS: dict[str, tuple[str, str, str]] = {
+    "/v3/kv/range": ("/etcdserverpb.KV/Range", "RangeRequest", "RangeResponse"),
+    "/v3/kv/put": ("/etcdserverpb.KV/Put", "PutRequest", "PutResponse"),
+    "/v3/kv/txn": ("/etcdserverpb.KV/Txn", "TxnRequest", "TxnResponse"),
+    "/v3/kv/deleterange": (
+        "/etcdserverpb.KV/DeleteRange",
+        "DeleteRangeRequest",
+        "DeleteRangeResponse",
+    ),
+    "/v3/lease/grant": (
+        "/etcdserverpb.Lease/LeaseGrant",
+        "LeaseGrantRequest",
+        "LeaseGrantResponse",
+    ),
+    "/v3/lease/revoke": (
+        "/etcdserverpb.Lease/LeaseRevoke",
+        "LeaseRevokeRequest",
+        "LeaseRevokeResponse",
+    ),
+}
+_WATCH = "/etcdserverpb.Watch/Watch"
+#: A member without a leader refuses at once ("no leader") instead of holding the request.
+_HAS_LEADER = (("hasleader", "true"),)
+#: The largest answer accepted (a range of thousands of queued messages fits).
+MAX_MESSAGE = 64 << 20
+#: gRPC status codes: "not now, ask again" (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED).
+_UNAVAILABLE, _DEADLINE, _ABORTED, _NOT_FOUND = 14, 4, 10, 5
+_LEASE_NOT_FOUND = "requested lease not found"
+
+
+def available() -> bool:
+    """Whether ``grpcio`` imports here."""
+    return grpc is not None
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def open_channel(endpoint: Endpoint, tls: TlsFiles) -> Any:
+    """A new gRPC channel to ``endpoint`` (TLS for ``https``)."""
+    assert grpc is not None
+    target = f"{endpoint.host}:{endpoint.port}"
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+    ]
+    if endpoint.scheme == "http":
+        return grpc.insecure_channel(target, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.cacert),
+        private_key=_read(tls.key),
+        certificate_chain=_read(tls.cert),
+    )
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+_CHANNELS: dict[tuple[int, Endpoint, TlsFiles], Any] = {}
+_CHANNELS_LOCK = threading.Lock()
+
+
+def shared_channel(endpoint: Endpoint, tls: TlsFiles) -> Any:
+    """This process's channel to ``endpoint`` (a forked child makes its own)."""
+    key = (os.getpid(), endpoint, tls)
+    with _CHANNELS_LOCK:
+        found = _CHANNELS.get(key)
+        if found is None:
+            found = _CHANNELS[key] = open_channel(endpoint, tls)
+        return found
+
+
+def _proposes(path: str, body: Json) -> bool:
+    """Whether etcd proposes the request to raft (a write, a transaction that writes,
+    a lease's grant or revoke); reads, and transactions of reads only, it does not."""
+    if path == "/v3/kv/range":
+        return False
+    if path == "/v3/kv/txn":
+        ops = [*body.get("success", []), *body.get("failure", [])]
+        return not all("request_range" in op for op in ops)
+    return True
+
+
+class RaftTerm:
+    """The highest raft term that this process's answers from one cluster named.
+
+    A new term is a new leader. A write still unanswered from before it may
+    have been forwarded to the old leader, now dead: etcd answers it only when
+    its request timeout runs out (7 s with the default election timeout; a
+    read it fails at once, "leader changed"), so the write is abandoned at
+    once instead, as one whose answer was lost (retried, or ambiguous for its
+    caller to settle: :mod:`.store`).
+    """
+
+    def __init__(self) -> None:
+        self.current = 0  # 0: none seen yet
+        self._changed = threading.Condition()
+
+    def saw(self, answer: Json) -> None:
+        """Note the term in ``answer``'s header."""
+        header = answer.get("header")
+        term = int(header.get("raft_term", 0)) if isinstance(header, dict) else 0
+        if term > self.current:
+            with self._changed:
+                if term > self.current:
+                    self.current = term
+                    self._changed.notify_all()
+
+    def await_answer(self, pending: Any, since: int) -> bool:
+        """Wait for the call ``pending`` (a gRPC future) sent at term ``since``; whether it
+        was answered (or failed), false if a newer term came first."""
+
+        def answered(_: Any) -> None:
+            with self._changed:
+                self._changed.notify_all()
+
+        pending.add_done_callback(answered)
+        with self._changed:
+            self._changed.wait_for(lambda: pending.done() or (since > 0 and self.current > since))
+        return bool(pending.done())
+
+
+_TERMS: dict[tuple[int, tuple[Endpoint, ...]], RaftTerm] = {}
+
+
+def raft_term(endpoints: tuple[Endpoint, ...]) -> RaftTerm:
+    """This process's :class:`RaftTerm` of the cluster at ``endpoints``."""
+    key = (os.getpid(), endpoints)
+    with _CHANNELS_LOCK:
+        return _TERMS.setdefault(key, RaftTerm())
+
+
+class GrpcUnreachableError(StoreConnectionError):
+    """No member could be reached over gRPC (down, or gRPC blocked on the way)."""
+
+
+_STUBS: dict[tuple[int, Endpoint, TlsFiles, str], Any] = {}
+
+
+def unary(endpoint: Endpoint, tls: TlsFiles, method: str) -> Any:
+    """A callable of the unary ``method`` on this process's channel to ``endpoint``."""
+    key = (os.getpid(), endpoint, tls, method)
+    found = _STUBS.get(key)
+    if found is None:
+        found = _STUBS[key] = shared_channel(endpoint, tls).unary_unary(method)
+    return found
+
+
+class _Failed(Exception):
+    """One member could not serve one request; the call may go on elsewhere."""
+
+    def __init__(self, message: str, *, reached: bool, ambiguous: bool) -> None:
+        super().__init__(message)
+        self.reached = reached
+        self.ambiguous = ambiguous
+
+
+def _status(exc: Exception) -> tuple[int, str]:
+    """The gRPC status code and details of a failed call."""
+    code = getattr(exc, "code", None)
+    status = code() if callable(code) else None
+    details = getattr(exc, "details", None)
+    text = details() if callable(details) else str(exc)
+    return (status.value[0] if status is not None else _UNAVAILABLE), str(text or "")
+
+
+def _failure(endpoint: Endpoint, path: str, exc: Exception) -> Exception:
+    """The exception for a failed call: ``_Failed`` if another member may serve it."""
+    code, details = _status(exc)
+    if code == _UNAVAILABLE and not details.startswith("etcdserver:"):
+        # grpc's own: no connection could be made (nothing sent), or it broke.
+        never_sent = "connect" in details.lower() or "dns" in details.lower()
+        return _Failed(f"unavailable: {details}", reached=not never_sent, ambiguous=not never_sent)
+    if details == "etcdserver: no leader":
+        # Refused before it was handled (hasleader): it may go anywhere.
+        return _Failed("unavailable: no leader", reached=True, ambiguous=False)
+    if code in (_UNAVAILABLE, _DEADLINE, _ABORTED):
+        # No leader, leader changed, timed out: reached, and a write it took may
+        # still be committed by the next leader.
+        return _Failed(f"unavailable: {details}", reached=True, ambiguous=True)
+    if code == _NOT_FOUND and _LEASE_NOT_FOUND in details:
+        return LeaseNotFoundError(f"etcd {endpoint}: {path}: {details}")
+    return StoreError(f"etcd {endpoint} rejected {path}: {details} (gRPC code {code})")
+
+
+class EtcdRpc:
+    """A thread-safe client of the members' gRPC API, with the gateway's failover.
+
+    Args:
+        endpoints: the members, tried in order; the one that last answered is tried first.
+        tls: certificates for ``https`` members.
+        attempt_timeout: the most one request to one member may take before
+            the next member is asked (a call's deadline still bounds it).
+    """
+
+    def __init__(
+        self, endpoints: Sequence[Endpoint], *, tls: TlsFiles, attempt_timeout: float = 10.0
+    ) -> None:
+        if grpc is None:
+            raise ValueError("the gRPC transport needs grpcio (pip install grpcio)")
+        self.endpoints = tuple(endpoints)
+        self._tls = tls
+        self._attempt_timeout = attempt_timeout
+        self._lock = threading.Lock()
+        self._current = 0
+        self._term = raft_term(self.endpoints)
+
+    def close(self) -> None:
+        """Nothing of its own to close: the channels are the process's."""
+
+    def _rotation(self) -> list[Endpoint]:
+        with self._lock:
+            start = self._current
+        return [*self.endpoints[start:], *self.endpoints[:start]]
+
+    def _prefer(self, endpoint: Endpoint) -> None:
+        with self._lock:
+            self._current = self.endpoints.index(endpoint)
+
+    def _gave_up(self, path: str, why: str) -> StoreConnectionError:
+        members = ", ".join(map(str, self.endpoints))
+        first = self.endpoints[0]
+        return StoreConnectionError(
+            f"etcd ({members}) did not serve {path} over gRPC: {why}", first.host, first.port
+        )
+
+    def _failing_over(
+        self, path: str, deadline: float, attempt: Callable[[Endpoint, float], Any]
+    ) -> Any:
+        """``attempt(member, seconds)`` on the members in turn until one serves it.
+
+        ``_Failed`` moves on to the next member (after a back-off once every
+        member failed); three passes on which no member could be reached end
+        the call. ``None`` once ``deadline`` passes.
+        """
+        backoff = FIRST_BACKOFF
+        unreachable_passes = 0
+        last = "no attempt"
+        while True:
+            reached_any = False
+            for endpoint in self._rotation():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    answer = attempt(endpoint, remaining)
+                except _Failed as exc:
+                    last = f"{endpoint}: {exc}"
+                    reached_any = reached_any or exc.reached
+                    continue
+                self._prefer(endpoint)
+                return answer
+            unreachable_passes = 0 if reached_any else unreachable_passes + 1
+            if unreachable_passes >= UNREACHABLE_PASSES:
+                members = ", ".join(map(str, self.endpoints))
+                first = self.endpoints[0]
+                raise GrpcUnreachableError(
+                    f"etcd ({members}) did not serve {path} over gRPC: no member can be "
+                    f"reached ({last})",
+                    first.host,
+                    first.port,
+                )
+            pause = min(backoff, deadline - time.monotonic())
+            if pause > 0:
+                time.sleep(pause)  # an election is under way, or members are restarting
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    # -- unary calls -------------------------------------------------------------
+    def call(self, path: str, body: Json, deadline: float, *, retry_ambiguous: bool = True) -> Json:
+        """``path``'s request (the gateway's path and JSON body) on a member that can
+        serve it; the answer in the gateway's JSON shape. Raises as
+        :meth:`.gateway.EtcdGateway.call` does."""
+        method, request_type, answer_type = METHODS[path]
+        payload = messages.encode(request_type, body)
+
+        proposes = _proposes(path, body)
+
+        def attempt(endpoint: Endpoint, remaining: float) -> Json:
+            stub = unary(endpoint, self._tls, method)
+            timeout = min(remaining, self._attempt_timeout)
+            term = self._term.current
+            try:
+                if not proposes:
+                    # A read etcd fails at once itself when its leader changes.
+                    raw = stub(payload, timeout=timeout, metadata=_HAS_LEADER)
+                else:
+                    # A future (dearer than a blocking call): abandoned at a new term.
+                    pending = stub.future(payload, timeout=timeout, metadata=_HAS_LEADER)
+                    if not self._term.await_answer(pending, term):
+                        pending.cancel()
+                        raise _Failed(
+                            f"abandoned: a new leader was elected (raft term {self._term.current})",
+                            reached=True,
+                            ambiguous=True,
+                        )
+                    raw = pending.result()
+            except Exception as exc:  # grpc.RpcError, or abandoned
+                failure = exc if isinstance(exc, _Failed) else _failure(endpoint, path, exc)
+                if isinstance(failure, _Failed) and failure.ambiguous and not retry_ambiguous:
+                    raise AmbiguousResultError(
+                        f"etcd {path}: {endpoint}: {failure}", endpoint.host, endpoint.port
+                    ) from exc
+                raise failure from exc
+            try:
+                answer = messages.decode(answer_type, raw)
+            except ValueError as exc:
+                raise StoreError(
+                    f"etcd {endpoint} answered {path} with a bad {answer_type}: {exc}"
+                ) from exc
+            self._term.saw(answer)
+            return answer
+
+        answer = self._failing_over(path, deadline, attempt)
+        if answer is None:
+            raise self._gave_up(path, "no answer before the deadline")
+        return dict(answer)
+
+    # -- watches -----------------------------------------------------------------
+    def first_events(
+        self,
+        create_request: Json,
+        deadline: float,
+        keep: Callable[[list[Json]], list[Json]],
+        park: Callable[[Watch], None] | None = None,
+    ) -> list[Json] | None:
+        """The first events of a watch (``create_request``, the gateway's shape) that
+        ``keep`` keeps, on this process's watch stream to a member
+        (:mod:`.watch_stream`); ``None`` at the deadline, ``[]`` if the watch
+        ended early (its member died, lost its leader, or compacted past the
+        revision). At the deadline the watch goes to ``park`` (if given) to be
+        read on with :meth:`resume`; otherwise it is cancelled."""
+
+        def attempt(endpoint: Endpoint, remaining: float) -> list[Json] | None:
+            try:
+                watch = shared_stream(endpoint, self._tls, shared_channel).open(create_request)
+            except StreamBroken as exc:
+                raise _Failed(str(exc), reached=exc.reached, ambiguous=False) from exc
+            try:
+                return self._read_on(watch, deadline, keep, park)
+            except StreamBroken as exc:
+                raise _Failed(str(exc), reached=exc.reached, ambiguous=False) from exc
+
+        return self._failing_over(_WATCH, deadline, attempt)  # type: ignore[no-any-return]
+
+    def resume(
+        self,
+        watch: Watch,
+        deadline: float,
+        keep: Callable[[list[Json]], list[Json]],
+        park: Callable[[Watch], None] | None = None,
+    ) -> list[Json] | None:
+        """As :meth:`first_events`, on a watch parked by an earlier call."""
+        try:
+            return self._read_on(watch, deadline, keep, park)
+        except StreamBroken:
+            return []  # the caller reads again and watches again
+
+    @staticmethod
+    def _read_on(
+        watch: Watch,
+        deadline: float,
+        keep: Callable[[list[Json]], list[Json]],
+        park: Callable[[Watch], None] | None,
+    ) -> list[Json] | None:
+        parked = False
+        try:
+            events = watch.next_events(deadline, keep)
+            if events is None and park is not None:
+                park(watch)
+                parked = True
+            return events
+        finally:
+            if not parked:
+                watch.cancel()

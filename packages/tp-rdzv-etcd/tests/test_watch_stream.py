@@ -1,0 +1,86 @@
+"""Watches over gRPC: one shared Watch stream per process and member, and waits that
+resume on the watch of the last one (``tp_rdzv_etcd.client.watch_stream``)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import urllib.request
+import uuid
+from typing import Any
+
+import pytest
+
+from tp_rdzv_etcd import EtcdStore
+from tp_rdzv_etcd.local import LocalEtcd
+from tp_store import StoreTimeoutError
+
+pytestmark = pytest.mark.etcd
+
+_STARTED = re.compile(r'^grpc_server_started_total\{[^}]*grpc_method="Watch"[^}]*\} (\S+)$', re.M)
+
+
+def _watch_streams(member_url: str) -> int:
+    """How many Watch streams the member has seen opened."""
+    with urllib.request.urlopen(member_url + "/metrics", timeout=10) as answer:
+        return sum(int(float(n)) for n in _STARTED.findall(answer.read().decode()))
+
+
+def test_many_waits_share_one_stream(etcd1: LocalEtcd) -> None:
+    member = etcd1.members[0]
+    prefix = f"/watches/{uuid.uuid4().hex}/"
+    with EtcdStore(etcd1.endpoints, prefix, timeout=30, transport="grpc") as writer:
+        handles = [writer.clone() for _ in range(20)]
+        before = _watch_streams(member.client_url)
+        got: list[bytes] = []
+        waiters = [
+            threading.Thread(target=lambda h=h, i=i: got.append(h.wait_get(f"k{i}", 30)))
+            for i, h in enumerate(handles)
+        ]
+        for waiter in waiters:
+            waiter.start()
+        for index in range(len(handles)):
+            writer.set(f"k{index}", str(index))
+        for waiter in waiters:
+            waiter.join(30)
+        assert sorted(got) == sorted(str(i).encode() for i in range(len(handles)))
+        # One stream (opened now, or by an earlier test of this process), not 20.
+        assert _watch_streams(member.client_url) - before <= 1
+        for handle in handles:
+            handle.close()
+
+
+def test_a_wait_resumed_after_a_timeout_sees_a_write_made_in_between(etcd1: LocalEtcd) -> None:
+    prefix = f"/watches/{uuid.uuid4().hex}/"
+    with (
+        EtcdStore(etcd1.endpoints, prefix, timeout=30, transport="grpc") as waiter,
+        waiter.clone() as writer,
+    ):
+        with pytest.raises(StoreTimeoutError):
+            waiter.wait_get("k", 0.2)
+        writer.set("k", "written while nobody waited")
+        requests: list[str] = []
+        call = waiter._transport.call
+
+        def counted(path: str, *args: Any, **kwargs: Any) -> Any:
+            requests.append(path)
+            return call(path, *args, **kwargs)
+
+        waiter._transport.call = counted  # type: ignore[method-assign]
+        assert waiter.wait_get("k", 30) == b"written while nobody waited"
+        assert requests == []  # the kept watch had it: no read, no new watch
+
+
+def test_a_kept_watch_whose_stream_ended_reads_again(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.leader()
+    others = [member for member in cluster.members if member is not leader]
+    endpoints = ",".join(member.client_url for member in [leader, *others])
+    prefix = f"/watches/{uuid.uuid4().hex}/"
+    with EtcdStore(endpoints, prefix, timeout=30, transport="grpc") as waiter:
+        with pytest.raises(StoreTimeoutError):
+            waiter.wait_get("k", 0.2)  # its watch kept, on the leader's stream
+        leader.kill()
+        with EtcdStore(",".join(m.client_url for m in others), prefix, timeout=30) as writer:
+            writer.set("k", "after the kill")
+        assert waiter.wait_get("k", 30) == b"after the kill"
