@@ -35,24 +35,33 @@ def _machine(document: dict[str, Any]) -> str:
     )
 
 
+def _cpu(side: dict[str, Any]) -> str:
+    """A server's CPU time, with its user part when the run recorded it."""
+    if "server_user" in side:
+        return f"{side['server_cpu']:.2f} (user {side['server_user']:.2f})"
+    return f"{side['server_cpu']:.2f}"
+
+
 def storm_table(storm: dict[str, Any]) -> str:
+    floor = any("floor" in size for size in storm["sizes"])
     rows = []
     for size in storm["sizes"]:
         ours, torch = size["ours"], size["torch"]
         loads = [trial["load"] for trial in size["trials"]]
-        rows.append(
-            [
-                f"{size['workers']:,} / {size['processes']}",
-                f"{ours['seconds']:.2f} s",
-                f"{torch['seconds']:.2f} s",
-                f"x{size['ratio_seconds']:.2f}",
-                f"{ours['connect_phase']:.2f} / {torch['connect_phase']:.2f} s",
-                f"{ours['server_cpu']:.2f} / {torch['server_cpu']:.2f} s",
-                f"x{size['ratio_cpu']:.2f}",
-                f"{ours['stalls']} / {torch['stalls']}",
-                f"{min(loads):.0f}-{max(loads):.0f}",
-            ]
-        )
+        row = [
+            f"{size['workers']:,} / {size['processes']}",
+            f"{ours['seconds']:.2f} s",
+            f"{torch['seconds']:.2f} s",
+            f"x{size['ratio_seconds']:.2f}",
+            f"{ours['connect_phase']:.2f} / {torch['connect_phase']:.2f} s",
+            f"{_cpu(ours)} / {_cpu(torch)} s",
+            f"x{size['ratio_cpu']:.2f}",
+        ]
+        if floor:
+            side = size.get("floor")
+            row.append(f"{side['seconds']:.2f} s, CPU {_cpu(side)} s" if side else "")
+        row += [f"{ours['stalls']} / {torch['stalls']}", f"{min(loads):.0f}-{max(loads):.0f}"]
+        rows.append(row)
     header = [
         "workers / processes",
         "ours",
@@ -61,10 +70,34 @@ def storm_table(storm: dict[str, Any]) -> str:
         "connect phase ours / torch",
         "server CPU ours / torch",
         "CPU ours/torch",
+        *(["floor (least a Python server on uvloop does)"] if floor else []),
         "DNS stalls ours / torch",
         "load",
     ]
-    return markdown_table(header, rows, "lrrrrrrrr")
+    return markdown_table(header, rows, "l" + "r" * (len(header) - 1))
+
+
+def syscalls_table(storm: dict[str, Any]) -> str:
+    """System calls per worker by server (``--syscalls``); empty when not counted."""
+    counted = [size for size in storm["sizes"] if "syscalls_per_worker" in size]
+    if not counted:
+        return ""
+    size = counted[-1]
+    by_server = size["syscalls_per_worker"]
+    names = list(by_server)
+    calls = sorted(
+        {call for counts in by_server.values() for call, per in counts.items() if per >= 0.05},
+        key=lambda call: -max(counts.get(call, 0.0) for counts in by_server.values()),
+    )
+    rows = [
+        [f"`{call}`", *(f"{by_server[name].get(call, 0.0):.2f}" for name in names)]
+        for call in calls
+    ]
+    rows.append(
+        ["all", *(f"{sum(by_server[name].values()):.1f}" for name in names)],
+    )
+    header = [f"per worker ({size['workers']:,} / {size['processes']})", *names]
+    return markdown_table(header, rows, "l" + "r" * len(names))
 
 
 def probes_table(probes: dict[str, Any]) -> str:
@@ -142,8 +175,24 @@ def section(alts: dict[str, str]) -> str:
             f"`/etc/hosts` ({'done' if storm.get('private_hosts') else 'not done'} in this run). "
             "`python benchmarks/storm_bench.py`.\n"
         )
+        if any("floor" in size for size in storm["sizes"]):
+            add(
+                "The floor (`--floor`, `storm_floor_server.py`) is the least a Python server "
+                "on uvloop can do for the storm: the five requests of a worker answered as they "
+                "arrive, nothing checked, counted or bounded; its CPU is what uvloop and the "
+                "kernel cost per worker.\n"
+            )
         add(storm_table(storm) + "\n")
         add(f"Run: {escape(_machine(storm))}.\n")
+        syscalls = syscalls_table(storm)
+        if syscalls:
+            add(
+                "System calls each server makes per worker in one storm (`strace -c -f` on "
+                "the server process, `--syscalls`): the same socket calls; torch's adds the "
+                "reads of `/etc/hosts` for its lookup of each peer's name, ours and the floor "
+                "uvloop's `getsockname`. What ours costs above the floor is its own Python.\n"
+            )
+            add(syscalls + "\n")
     if probes is not None:
         settings = probes["settings"]
         add(

@@ -10,7 +10,8 @@ processes (threads, each its own connection), do exactly that, against:
   (``tp_rdzv_dynamic.node.bootstrap_process``), with its bootstrap limits;
 - **torch**: torch's libuv master alone in a process (``torch_store_server.py``).
 
-Trials alternate ours and torch, each on a fresh server; the tables keep the
+Trials alternate ours and torch, each on a fresh server, after one storm
+that is not counted (the clients' first is slower); the tables keep the
 medians. Per trial: the time from "go" to the last worker done, the connect
 phase (go to the last connect returned), the server process's CPU time
 (``/proc/PID/stat``), and the connects that took over 4 s: torch's client
@@ -24,6 +25,7 @@ keeps the machine's file. The results say which, and how many stalls were seen.
     python benchmarks/storm_bench.py                       # 4096/8 and 8192/16, 3 trials each
     python benchmarks/storm_bench.py --sizes 1024/4 --trials 2
     python benchmarks/storm_bench.py --sizes 8192/16 --trials 1 --profile /tmp/storm.txt
+    python benchmarks/storm_bench.py --floor --syscalls    # with the floor, syscalls per worker
 
 Every process it starts is ended before it exits, also on failure.
 """
@@ -106,10 +108,11 @@ def storm(store_class: Any, host: str, port: int, total: int, count: int) -> dic
 
 
 # -- the servers ----------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
     """User and system CPU time of process ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 class OurServer:
@@ -133,10 +136,11 @@ class TorchServer:
     the clients' ``/etc/hosts``)."""
 
     name = "torch"
+    script = "torch_store_server.py"
 
     def __init__(self, prefix: list[str]) -> None:
         self._process = subprocess.Popen(
-            [*prefix, sys.executable, str(HERE / "torch_store_server.py")],
+            [*prefix, sys.executable, str(HERE / self.script)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -144,7 +148,7 @@ class TorchServer:
         line = self._process.stdout.readline()
         if not line.startswith("listening on "):
             self.close()
-            raise RuntimeError(f"torch_store_server.py printed {line!r}")
+            raise RuntimeError(f"{self.script} printed {line!r}")
         self.port = int(line.rsplit(":", 1)[1])
         self.pid = self._process.pid
 
@@ -155,6 +159,16 @@ class TorchServer:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+
+class FloorServer(TorchServer):
+    """The least a Python server on uvloop does for the storm (``storm_floor_server.py``)."""
+
+    name = "floor"
+    script = "storm_floor_server.py"
+
+
+ServerClass = type[OurServer] | type[TorchServer]
 
 
 # -- the bench ------------------------------------------------------------------
@@ -225,7 +239,7 @@ def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 
 def trial(
-    server_class: type[OurServer | TorchServer],
+    server_class: ServerClass,
     clients: Clients,
     total: int,
     prefix: list[str],
@@ -236,10 +250,10 @@ def trial(
     try:
         if profile is not None and server_class is OurServer:
             sampler = profiler(server.pid, profile)
-        before = cpu_seconds(server.pid)
+        user, system = cpu_seconds(server.pid)
         load = os.getloadavg()[0]
         reports = clients.storm(server.port, total)
-        cpu = cpu_seconds(server.pid) - before
+        user_after, system_after = cpu_seconds(server.pid)
     finally:
         if sampler is not None:
             sampler.send_signal(signal.SIGINT)
@@ -251,7 +265,9 @@ def trial(
         "seconds": max(report["last_done"] for report in reports),
         "connect_phase": max(connects),
         "connect_median": statistics.median(connects),
-        "server_cpu": cpu,
+        "server_cpu": user_after - user + system_after - system,
+        "server_user": user_after - user,
+        "server_sys": system_after - system,
         "stalls": sum(1 for c in connects if c > STALL_SECONDS),
         "failed": sum(report["failed"] for report in reports),
         "errors": [e for report in reports for e in report["errors"]][:5],
@@ -259,27 +275,77 @@ def trial(
     }
 
 
+def syscalls_per_worker(
+    server_class: ServerClass, clients: Clients, total: int, prefix: list[str]
+) -> dict[str, float]:
+    """The system calls the server makes per worker in one storm (``strace -c -f``)."""
+    server = server_class(prefix)
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "strace.txt"
+        tracer = subprocess.Popen(
+            ["strace", "-c", "-f", "-o", str(out), "-p", str(server.pid)],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            time.sleep(2.0)  # attached to every thread before the storm starts
+            clients.storm(server.port, total)
+            time.sleep(2.0)  # the server has closed the connections the workers closed
+        finally:
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait()
+            server.close()
+        counts: dict[str, float] = {}
+        for line in out.read_text().splitlines():
+            fields = line.split()
+            # "% time  seconds  usecs/call  calls  [errors]  syscall"
+            if len(fields) >= 5 and fields[0][0].isdigit() and fields[-1] != "total":
+                counts[fields[-1]] = round(int(fields[3]) / total, 2)
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
 def run_size(
-    workers: int, processes: int, trials: int, prefix: list[str], profile: Path | None
+    workers: int,
+    processes: int,
+    *,
+    trials: int,
+    prefix: list[str],
+    profile: Path | None,
+    servers: tuple[ServerClass, ...],
+    syscalls: bool,
 ) -> dict[str, Any]:
     clients = Clients(processes, workers // processes, prefix)
     results: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"workers": workers, "processes": processes}
     try:
+        # The clients' first storm is slower (their threads' first connects): a
+        # storm nobody counts, so that neither server's first trial pays it.
+        trial(TorchServer, clients, workers, prefix, None)
         for index in range(trials):
-            order = (OurServer, TorchServer) if index % 2 == 0 else (TorchServer, OurServer)
-            for server_class in order:
+            for server_class in servers if index % 2 == 0 else servers[::-1]:
                 out = profile and profile.with_name(f"{profile.stem}-{workers}-{index}.txt")
                 result = trial(server_class, clients, workers, prefix, out)
                 print(f"  {workers}/{processes} trial {index}: {json.dumps(result)}", flush=True)
                 results.append(result)
+        if syscalls:
+            summary["syscalls_per_worker"] = {
+                server_class.name: syscalls_per_worker(server_class, clients, workers, prefix)
+                for server_class in servers
+            }
     finally:
         clients.close()
-    summary: dict[str, Any] = {"workers": workers, "processes": processes, "trials": results}
-    for name in ("ours", "torch"):
-        mine = [r for r in results if r["server"] == name]
-        summary[name] = {
+    summary["trials"] = results
+    for server_class in servers:
+        mine = [r for r in results if r["server"] == server_class.name]
+        summary[server_class.name] = {
             key: statistics.median(r[key] for r in mine)
-            for key in ("seconds", "connect_phase", "connect_median", "server_cpu")
+            for key in (
+                "seconds",
+                "connect_phase",
+                "connect_median",
+                "server_cpu",
+                "server_user",
+                "server_sys",
+            )
         } | {"stalls": sum(r["stalls"] for r in mine), "failed": sum(r["failed"] for r in mine)}
     summary["ratio_seconds"] = summary["ours"]["seconds"] / summary["torch"]["seconds"]
     summary["ratio_cpu"] = summary["ours"]["server_cpu"] / summary["torch"]["server_cpu"]
@@ -298,6 +364,16 @@ def main(argv: list[str] | None = None) -> int:
         "--system-hosts",
         action="store_true",
         help="keep the machine's /etc/hosts for the clients (its DNS stalls included)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run storm_floor_server.py: the least a Python server on uvloop costs",
+    )
+    parser.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="count each server's system calls per worker in one more storm (strace -c)",
     )
     parser.add_argument(
         "--profile",
@@ -320,7 +396,20 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes.split(","):
             workers, processes = map(int, size.split("/"))
             print(f"storm of {workers} workers over {processes} processes", flush=True)
-            sizes.append(run_size(workers, processes, args.trials, prefix or [], args.profile))
+            servers: tuple[ServerClass, ...] = (OurServer, TorchServer)
+            if args.floor:
+                servers += (FloorServer,)
+            sizes.append(
+                run_size(
+                    workers,
+                    processes,
+                    trials=args.trials,
+                    prefix=prefix or [],
+                    profile=args.profile,
+                    servers=servers,
+                    syscalls=args.syscalls,
+                )
+            )
     host["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     document = {
         "benchmark": "storm_bench",
@@ -345,6 +434,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{torch['connect_phase']:.2f} | {ours['server_cpu']:.2f} / {torch['server_cpu']:.2f}"
             f" | x{s['ratio_cpu']:.2f} | {ours['stalls']} / {torch['stalls']} |"
         )
+    for s in sizes:
+        for name in ("ours", "torch", "floor"):
+            if name in s:
+                side = s[name]
+                print(
+                    f"{s['workers']}/{s['processes']} {name}: {side['seconds']:.2f} s, server CPU "
+                    f"user {side['server_user']:.3f} + sys {side['server_sys']:.3f} s"
+                )
+        for name, counts in s.get("syscalls_per_worker", {}).items():
+            print(f"{s['workers']}/{s['processes']} {name} syscalls per worker: {counts}")
     print(f"results in {args.out}")
     return 0
 

@@ -108,9 +108,21 @@ class RequestParser:
         self._max_message = min(max_message, self._limits.max_message_bytes)
         self._refusal = refusal
 
+    def validated(self) -> None:
+        """Take the connection's VALIDATE as received (the server's direct path checked it)."""
+        self._validated = True
+
     def authenticated(self) -> None:
         """Accept every request from now on, within the limits."""
         self.accept(LAYOUTS, self._limits.max_message_bytes)
+
+    def clear(self) -> None:
+        """Drop what was received (the connection is over)."""
+        self._buf = b""
+        self._start = self._pos = self.buffered = 0
+        self._fields = None
+        self._group = []
+        self._remaining = -1
 
     def feed(self, data: bytes) -> None:
         """Add bytes received from the client."""

@@ -32,6 +32,7 @@ from .messages import (
     EXTENSION_OFFER,
     LAYOUTS,
     REQUEST_TYPES,
+    VALIDATE_MAGIC,
     Opcode,
 )
 from .phases import Event, Phase, advance
@@ -39,6 +40,7 @@ from .replies import (
     BYTES_REPLY,
     I64,
     NONCE_REPLY,
+    U32,
     U64,
     WAIT_GET_REPLY,
     CheckReply,
@@ -76,17 +78,20 @@ _EXTENSIONS_ACCEPTED: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT)
 _EXTENSIONS_ACCEPTED_AUTH: Final = NONCE_REPLY.encode(EXTENSION_ACCEPT_AUTH)
 _AUTH_REFUSED: Final = BYTES_REPLY.encode(b"")
 
-# The direct path's layout: an opcode and a u64 (a key's length, or a key count).
-_HEAD: Final = struct.Struct("<BQ")
-_unpack_head = _HEAD.unpack_from
+# The head of most requests: an opcode and a u64 (a key's length, or a key count).
+_unpack_head = struct.Struct("<BQ").unpack_from
 _unpack_u64 = U64.unpack_from
 _unpack_i64 = I64.unpack_from
 _pack_i64 = I64.pack
 _pack_u64 = U64.pack
 # Plain ints: compared with the opcode byte without the enum's lookups.
+_OP_VALIDATE, _OP_PING = int(Opcode.VALIDATE), int(Opcode.PING)
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
     int, (Opcode.SET, Opcode.GET, Opcode.ADD, Opcode.CHECK, Opcode.WAIT, Opcode.WAIT_GET)
 )
+# VALIDATE and the extension offer as they arrive: compared without unpacking.
+_VALIDATE: Final = bytes((_OP_VALIDATE,)) + U32.pack(VALIDATE_MAGIC)
+_EXTENSION_OFFER: Final = U32.pack(EXTENSION_OFFER)
 #: The requests the direct path answers when they name one key.
 _ONE_KEY_OPCODES: Final = frozenset((_OP_WAIT, _OP_WAIT_GET, _OP_CHECK))
 
@@ -173,9 +178,9 @@ class ServerSession:
         #: Whether requests other than the handshake and authentication may be
         #: served (SERVING or WAITING).
         self.admitted = False
-        # Until admitted, the parser refuses every request but the handshake
-        # and authentication from its opcode, and anything over a few hundred bytes.
-        self._parser = RequestParser(limits, authenticated=secret is None)
+        # Made when the general path first needs it (see _new_parser): what
+        # clients send as a rule never does.
+        self._parser: RequestParser | None = None
         self._requests_before_auth = REQUESTS_BEFORE_AUTH
         self._auth: ServerAuthenticator | None = None
         self._pending: Waiter | BarrierWaiter | None = None
@@ -201,16 +206,38 @@ class ServerSession:
     @property
     def buffered(self) -> int:
         """Request bytes received and not yet served."""
-        return self._parser.buffered
+        parser = self._parser
+        return 0 if parser is None else parser.buffered
 
     # -- driving it -----------------------------------------------------------------
     def receive(self, data: bytes) -> None:
         """Add bytes received from the client."""
-        self._parser.feed(data)
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = self._new_parser()
+        parser.feed(data)
+
+    def _new_parser(self) -> RequestParser:
+        """A parser set for the phase the connection is in.
+
+        Until admitted, it refuses every request but the handshake and
+        authentication from its opcode, and anything over a few hundred bytes;
+        while a wait is parked, everything but CANCEL_WAIT.
+        """
+        phase = self.phase
+        parser = RequestParser(self._limits, authenticated=self._secret is None or self.admitted)
+        if phase is not _HANDSHAKE:
+            parser.validated()
+        if phase is _WAITING:
+            parser.accept(_WAITING_LAYOUTS, self._limits.max_message_bytes, _WHILE_WAITING)
+        return parser
 
     def serve(self) -> Turn:
         """Apply the whole requests received, leaving their replies in :attr:`outbox`."""
         parser = self._parser
+        self.served = 0
+        if parser is None:  # nothing received
+            return Turn.IDLE
         ops = self._ops
         out = self.outbox
         size = 0
@@ -240,21 +267,23 @@ class ServerSession:
         return Turn.YIELD if parser.buffered else Turn.IDLE
 
     def answer(self, data: bytes) -> bytes | None:
-        """The reply to ``data`` when it is exactly one whole SET, GET, ADD, or CHECK,
-        WAIT or WAIT_GET of one key that exists, on a serving session with nothing
-        buffered: what a client waiting for each reply sends. It is applied and
-        counted as :meth:`serve` would (b"": applied, no reply), without the parser
-        and the turn. None: nothing was done; :meth:`receive` and :meth:`serve` it.
+        """The reply to ``data`` when it is exactly one whole request of those a client
+        sends as a rule: VALIDATE (on a server without a secret) and PING, SET,
+        GET, ADD, and CHECK, WAIT or WAIT_GET of one key (b"": applied, no reply,
+        or a wait parked until ``woken``). It is applied and counted as
+        :meth:`serve` would, without the parser and the turn. None: nothing was
+        done; :meth:`receive` and :meth:`serve` it.
         """
         length = len(data)
         limits = self._limits
+        parser = self._parser
         if (
             self.phase is not _SERVING
-            or self._parser.buffered
             or length < 9
             or length > limits.max_message_bytes  # the parser refuses it
+            or (parser is not None and parser.buffered)
         ):
-            return None
+            return self._answer_handshake(data) if length == 5 else None
         opcode, size = _unpack_head(data)
         if opcode == _OP_ADD:
             if length != 17 + size or size > limits.max_key_bytes:
@@ -288,14 +317,20 @@ class ServerSession:
             state = self._state
             if opcode == _OP_WAIT:
                 # A value first (the common case), then the queues, without a call.
-                if key not in state.data and not state.exists(key):
-                    return None
-                reply = _STOP_WAITING
+                if key in state.data or state.exists(key):
+                    reply = _STOP_WAITING
+                else:
+                    self._park_key(key, self._wake)
+                    reply = b""
             elif opcode == _OP_WAIT_GET:
                 found = state.data.get(key)
-                if found is None:
-                    return None  # parked, or a queue: the general path
-                reply = b"".join((_STOP_WAITING, _pack_u64(len(found)), found))
+                if found is not None:
+                    reply = b"".join((_STOP_WAITING, _pack_u64(len(found)), found))
+                elif state.exists(key):
+                    return None  # a queue's: the general path
+                else:
+                    self._park_key(key, self._wake_with_values)
+                    reply = b""
             else:
                 reply = _READY if key in state.data or state.exists(key) else _NOT_READY
         else:
@@ -303,14 +338,46 @@ class ServerSession:
         self._ops[opcode] += 1
         return reply
 
+    def _answer_handshake(self, data: bytes) -> bytes | None:
+        """The direct path's answer to five bytes: a VALIDATE on a server without a
+        secret, or a PING; None for anything else."""
+        parser = self._parser
+        if parser is not None and parser.buffered:
+            return None
+        phase = self.phase
+        if phase is _HANDSHAKE:
+            if self._secret is not None or data != _VALIDATE:
+                return None  # the parser says why, or authenticates
+            self.phase = advance(phase, Event.HELLO)
+            self.admitted = True
+            self._ops[_OP_VALIDATE] += 1
+            return b""
+        if phase is not _SERVING or data[0] != _OP_PING:
+            return None
+        nonce = data[1:]
+        if nonce == _EXTENSION_OFFER:
+            self.extended = True
+            nonce = _EXTENSIONS_ACCEPTED
+        self._ops[_OP_PING] += 1
+        return nonce  # the reply is the nonce, in the same layout
+
+    def _park_key(self, key: bytes, wake: Callable[[Waiter], None]) -> None:
+        """Park a wait for ``key``, which does not exist."""
+        waiter = Waiter((key,), wake)
+        self._state.park_missing(waiter, key)
+        self._parked(waiter, len(key) + PARKED_KEY_OVERHEAD)
+
     def close(self) -> None:
         """End the session: its parked wait is dropped, its store session ended;
         nothing more is served."""
-        self._drop_pending()
-        self._end_store_session(EndCause.DISCONNECTED)
+        if self._pending is not None:
+            self._drop_pending()
+        if self.store_session is not None:
+            self._end_store_session(EndCause.DISCONNECTED)
         self.phase = advance(self.phase, Event.CLOSED)
         self.admitted = False
-        self._parser = RequestParser(self._limits)  # its buffer is garbage now
+        if self._parser is not None:
+            self._parser.clear()  # its buffer is garbage now
 
     # -- session rules ----------------------------------------------------------------
     def _before_auth(self) -> None:
@@ -343,14 +410,16 @@ class ServerSession:
         self._parked_bytes = size
         self.pending_bytes += size
         self.phase = advance(self.phase, Event.PARKED)
-        self._parser.accept(_WAITING_LAYOUTS, self._limits.max_message_bytes, _WHILE_WAITING)
+        if self._parser is not None:
+            self._parser.accept(_WAITING_LAYOUTS, self._limits.max_message_bytes, _WHILE_WAITING)
 
     def _unparked(self, event: Event) -> None:
         self._pending = None
         self.pending_bytes -= self._parked_bytes
         self._parked_bytes = 0
         self.phase = advance(self.phase, event)
-        self._parser.authenticated()
+        if self._parser is not None:
+            self._parser.authenticated()
 
     def _wake(self, waiter: Waiter | BarrierWaiter) -> None:
         self._unparked(Event.WOKEN)
@@ -534,12 +603,15 @@ class ServerSession:
             raise AuthRefused("wrong proof of the secret (authentication failed)")
         self.phase = advance(self.phase, Event.AUTHENTICATED)
         self.admitted = True
-        self._parser.authenticated()
+        if self._parser is not None:
+            self._parser.authenticated()
         return server_proof
 
 
 _WHILE_WAITING: Final = "sent while a wait is pending"
 _SERVING: Final = Phase.SERVING
+_HANDSHAKE: Final = Phase.HANDSHAKE
+_WAITING: Final = Phase.WAITING
 
 _Handler = Callable[[ServerSession, list[Any]], Any]
 

@@ -279,6 +279,15 @@ class StoreState:
             self._waiters.setdefault(key, {})[waiter] = None
         return False
 
+    def park_missing(self, waiter: Waiter, key: bytes) -> None:
+        """Register ``waiter`` of the one ``key``, which does not exist."""
+        waiter.missing = 1
+        waiters = self._waiters.get(key)
+        if waiters is None:
+            self._waiters[key] = {waiter: None}
+        else:
+            waiters[waiter] = None
+
     def unpark(self, waiter: Waiter) -> None:
         """Forget a waiter (cancelled, or its connection closed)."""
         for key in dict.fromkeys(waiter.keys):

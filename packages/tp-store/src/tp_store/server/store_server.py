@@ -37,7 +37,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
-import functools
 import gc
 import logging
 import math
@@ -151,7 +150,7 @@ class _Connection(asyncio.Protocol):
             ops=server._counters.ops,
             woken=self._woken,
             sessions=server.sessions,
-            expired=functools.partial(self.close, level=logging.INFO, action="session_expired"),
+            expired=self._session_expired,
         )
         self._transport: asyncio.Transport | None = None
         self._peer: str | None = None  # looked up when first logged: most never are
@@ -167,8 +166,10 @@ class _Connection(asyncio.Protocol):
         # whether the client reads its replies or not.
         self._partial_since = 0.0
         # Decided when accepted, before a TLS handshake: one that is still
-        # going on holds its place against max_connections.
-        self._refused = server.opened(self)
+        # going on holds its place against max_connections. Without TLS,
+        # decided when made, in the same turn of the loop.
+        self._tls = server.ssl is not None
+        self._refused = self._tls and server.opening(self)
         self._closed = False
 
     @property
@@ -200,7 +201,11 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
         self._opened = self._partial_since = time.monotonic()
-        self._server.made(self)
+        server = self._server
+        if self._tls:
+            server.made(self)
+        else:
+            self._refused = server.full()
         if self._refused:
             self._server.refuse(self._transport)
             self._transport = None  # nothing it sends is served
@@ -256,16 +261,20 @@ class _Connection(asyncio.Protocol):
             session.store_session.last_frame = time.monotonic()
         transport = self._transport
         if transport is not None and not self._writing_paused:
-            # One whole hot request with nothing before it: answered directly.
+            # One whole usual request with nothing before it: answered directly.
             try:
                 reply = session.answer(data)
-            except (ValueError, OverflowError) as exc:  # a bad ADD, or the key limit
+            except (ValueError, OverflowError) as exc:  # a bad ADD, or a limit
                 self._fail(transport, exc, "protocol_error")
                 return
-            if reply is not None:
-                if reply:
-                    counters.bytes_sent += len(reply)
-                    transport.write(reply)
+            if reply:
+                counters.bytes_sent += len(reply)
+                transport.write(reply)
+                return
+            if reply is not None:  # a VALIDATE (admitted now), a SET, or a wait parked
+                self._partial_since = 0.0
+                if session.pending_bytes != self._counted:
+                    self._recount_session()
                 return
         session.receive(data)
         self._serve()
@@ -347,6 +356,9 @@ class _Connection(asyncio.Protocol):
             self._counters.protocol_errors += 1
         self.close(f"{exc}", action=action)
 
+    def _session_expired(self, reason: str) -> None:
+        self.close(reason, logging.INFO, "session_expired")
+
     def _woken(self, error: Exception | None) -> None:
         """The session's parked wait was answered from another connection's request."""
         transport = self._transport
@@ -425,8 +437,10 @@ class _Connection(asyncio.Protocol):
             self._server.connections.discard(self)
             self._server.unread_by.discard(self)
             self._session.close()
-            self._server.hold(-self._counted - self._unread)
-            self._counted = self._unread = 0
+            held = self._counted + self._unread
+            if held:
+                self._server.hold(-held)
+                self._counted = self._unread = 0
 
 
 def _bind(host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -645,18 +659,27 @@ class StoreServer:
         self.bad_connection_log.flush()
         self._schedule_sweep()
 
-    def opened(self, connection: _Connection) -> bool:
-        """Count a connection just accepted; True if it is beyond max_connections."""
-        if len(self.connections) + len(self._opening) >= self.max_connections:
-            # asyncio drops the protocol of a failed TLS handshake in a reference
-            # cycle: at the limit, collect those (at most once a second) and count again.
-            now = time.monotonic()
-            if not self._opening or now - self._collected < 1.0:
-                return True
-            self._collected = now
-            gc.collect()
-            if len(self.connections) + len(self._opening) >= self.max_connections:
-                return True
+    def full(self) -> bool:
+        """Whether ``max_connections`` are open (TLS handshakes under way counted):
+        a connection accepted now is refused."""
+        if self.ssl is None:  # no handshakes: _opening stays empty (its len() is Python code)
+            return len(self.connections) >= self.max_connections
+        if len(self.connections) + len(self._opening) < self.max_connections:
+            return False
+        # asyncio drops the protocol of a failed TLS handshake in a reference
+        # cycle: at the limit, collect those (at most once a second) and count again.
+        now = time.monotonic()
+        if not self._opening or now - self._collected < 1.0:
+            return True
+        self._collected = now
+        gc.collect()
+        return len(self.connections) + len(self._opening) >= self.max_connections
+
+    def opening(self, connection: _Connection) -> bool:
+        """Count a TLS connection just accepted, its handshake under way; True if it
+        is beyond ``max_connections``."""
+        if self.full():
+            return True
         self._opening.add(connection)
         return False
 
