@@ -22,7 +22,6 @@ import pickle
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sysconfig
 import time
@@ -34,28 +33,12 @@ from hostinfo import host_info, load_average
 from metrics import write_results
 
 from tp_rdzv_api import RendezvousStateError
-from tp_rdzv_dynamic.torch_compat.torch_state import (
-    TorchNode,
-    TorchRendezvousState,
-    decode_torch_state,
-    encode_torch_state,
-)
+from tp_rdzv_dynamic.testing import hash_bomb
+from tp_rdzv_dynamic.torch_compat.torch_state import decode_torch_state
 from tp_store import TCPStore
 
 TP_RDZV = str(Path(sysconfig.get_path("scripts")) / "tp-rdzv")
 RESULTS = Path(__file__).parent / "results" / "hostile_bench.json"
-
-
-def hash_bomb(levels: int) -> bytes:
-    """PyTorch's state with a node address of ``levels`` levels of shared tuples."""
-    tree = pickle.SHORT_BINUNICODE + b"\x01x" + pickle.TUPLE1 + pickle.MEMOIZE
-    for level in range(levels):
-        get = pickle.LONG_BINGET + struct.pack("<I", level)
-        tree += get + get + pickle.TUPLE2 + pickle.MEMOIZE
-    state = TorchRendezvousState(participants={TorchNode("placeholder", 1, 0): 0})
-    pickled = base64.b64decode(encode_torch_state(state))
-    text = pickle.BINUNICODE + struct.pack("<I", 11) + b"placeholder"
-    return base64.b64encode(pickled.replace(text, tree))
 
 
 VALUES = {

@@ -143,8 +143,6 @@ def idle_run(store: str, args: argparse.Namespace) -> dict[str, Any]:
         "max_nodes": args.nodes,
         "config": ROUND_CONFIG,
         "timeout": args.timeout,
-        # Each node pings its own session, as one node per process does when deployed.
-        "session_per_node": True,
     }
     with store_process(store, args.timeout, args.etcd_binary) as server:
         group = SpreadGroup(server, args.timeout, None)

@@ -4,7 +4,8 @@
                                      [--profile DIR] [--json PATH]
 
 Each case is ``rdzv_bench.py``'s spread scenario (``spread.py``: N nodes over P
-processes, each node its own handler, store connection and presence session;
+processes, each node its own handler, store connection and presence session,
+which lives on that connection, as one node per host has when deployed;
 the server ``python -m tp_store`` alone in its own process; one start signal),
 ours only, with its defaults (``max_connections`` included). Per run it
 reports the last and first returns, the server's CPU and the node processes'
@@ -12,9 +13,9 @@ CPU per node, the server's bytes sent per node, the time split (joins,
 decision, publish, answers), and the nodes a removal record named (every node
 is alive: any is a false death). Ranks are checked to be exactly 0..N-1.
 
-Limits: N nodes over P processes hold about N + 2P connections to the server
-(each node its store connection; each process one presence session and one
-ticks' connection, shared by its nodes), so the bench raises the open-file
+Limits: N nodes hold about N connections to the server (each node one: its
+store connection, which holds its presence session and carries its ticks; a
+steward's few more), so the bench raises the open-file
 limit (soft, and hard as root up to ``/proc/sys/fs/nr_open``) for itself
 and the processes it starts, and, when
 the client connections to the one server address would not fit the
@@ -54,13 +55,16 @@ PORT_MARGIN = 4096
 #: Open files besides the connections (the bench's own pipes, logs, the interpreter).
 SPARE_FILES = 4096
 THREAD_STACK_BYTES = 256 * 1024
+#: The node processes' switch interval: a real node process has a handful of
+#: threads; one simulating hundreds of nodes would otherwise spend its CPU
+#: handing the GIL between them every 5 ms (benchmarks/README.md measured it).
+SWITCH_INTERVAL = 0.05
 
 
 def connections(case: SpreadCase) -> int:
-    """The connections of ``case`` to the server: each node's store connection, each
-    process's presence session and ticks (shared by its nodes), a steward's few, and
-    the bench's own."""
-    return case.nodes + 2 * case.processes + 16
+    """The connections of ``case`` to the server: each node's one, a steward's few,
+    and the bench's own."""
+    return case.nodes + 16
 
 
 def raise_open_files(needed: int) -> str:
@@ -170,7 +174,8 @@ def describe(run: dict[str, Any]) -> str:
         f"{run['case']}: last {run['last']:.2f} s, first {run['first']:.2f} s; "
         f"server CPU {run['server_cpu']:.2f} s ({run['server_cpu_ms_per_node']:.3f} ms/node), "
         f"node processes' CPU {run['nodes_cpu']:.1f} s ({run['nodes_cpu_ms_per_node']:.3f} "
-        f"ms/node), server sent {sent} B/node; {split}; removed {len(run['removed'])}; "
+        f"ms/node), server sent {sent} B/node; {run['connections_per_node']} server "
+        f"connections per node; {split}; removed {len(run['removed'])}; "
         f"load {run['load']}"
     )
 
@@ -189,7 +194,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--switch-interval",
         type=float,
-        help="the node processes' sys.setswitchinterval (seconds; Python's default 0.005)",
+        default=SWITCH_INTERVAL,
+        help=(
+            "the node processes' sys.setswitchinterval (seconds; default "
+            f"{SWITCH_INTERVAL}, Python's own 0.005)"
+        ),
     )
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT, help="results (JSON)")
     return parser.parse_args(argv)

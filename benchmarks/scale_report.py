@@ -82,7 +82,7 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
     rows = []
     for r in run.data.get("runs", []):
         if "error" in r:
-            rows.append([escape(r["case"]), "failed", *["—"] * 7, escape(r["error"][:120])])
+            rows.append([escape(r["case"]), "failed", *["—"] * 8, escape(r["error"][:120])])
             continue
         split = r.get("split", {})
         rows.append(
@@ -93,6 +93,7 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
                 number(r["server_cpu_ms_per_node"]),
                 number(r["nodes_cpu_ms_per_node"]),
                 number(r["bytes_sent_per_node"]),
+                number(r.get("connections_per_node")),
                 " / ".join(number(split.get(k)) for k in ("joins", "decision", "answers")),
                 number(split.get("publish")),
                 str(len(r.get("removed", []))),
@@ -106,6 +107,7 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
         "server CPU ms/node",
         "nodes' CPU ms/node",
         "server B sent/node",
+        "server connections/node",
         "joins / decision / answers (s)",
         "publish (s)",
         "live nodes removed",
@@ -117,12 +119,11 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
         "## Large rounds: 1,000 to 16,000 nodes\n",
         f"![{escape(alts[SCALE_PNG])}]({SCALE_PNG})\n",
         "`python benchmarks/scale_bench.py`: the spread scenario (N nodes over P processes, "
-        "each node its own handler and store connection, the server alone in its own "
-        "process, one start signal; the nodes of one process share one presence session "
-        "and one connection for their ticks, so the server holds about N + 2P connections "
-        "where a deployment of one node per host holds 2N: this machine's 20,000 open files "
-        "could not hold 2N at 10,000 nodes, and opening N sessions would add to the "
-        "joins) at 1,000 / 4,000 / 10,000 / 16,000 nodes, ours only. "
+        "each node its own handler, store connection and presence session, as one node "
+        "per host has when deployed: the session lives on the node's store connection, "
+        "which also carries its ticks, so the server holds about one connection per node; "
+        "the server alone in its own process, one start signal) at 1,000 / 4,000 / 10,000 / "
+        "16,000 nodes, ours only. "
         "*Joins*: from the start signal until the steward began the batch that completed "
         "the round; *decision*: that batch decided and the state saved; *answers*: from then "
         "to the last return, including *publish* (the steward writing the roster, the "
@@ -130,7 +131,7 @@ def section(run: Run | None, alts: dict[str, str]) -> str:
         "processes' over the round, per node; bytes are what the server sent in the round, "
         "per node. Ranks are checked to be exactly 0..N-1; a removal record naming any node "
         "(all are alive) counts in *live nodes removed*.\n",
-        markdown_table(header, rows, "lrrrrrrrrl") + "\n",
+        markdown_table(header, rows, "lrrrrrrrrrl") + "\n",
         f"Node processes' switch interval: {interval} s (CPython's default 0.005: with "
         "hundreds of node threads a process, every thread waiting for the GIL wakes each "
         "interval, which the default makes most of the node processes' CPU; a real node "

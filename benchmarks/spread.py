@@ -114,6 +114,7 @@ class SpreadResult:
     recovery: float | None = None  # kill case: from the kill to the last survivor's return
     detection: float | None = None  # kill case: from the kill to the last victim's removal
     detected: int = 0  # kill case: how many victims a removal record named
+    connections: int | None = None  # our server's open connections once every node returned
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,6 +137,10 @@ class SpreadResult:
             "recovery": None if self.recovery is None else round(self.recovery, 4),
             "detection": None if self.detection is None else round(self.detection, 4),
             "detected": self.detected,
+            "connections": self.connections,
+            "connections_per_node": (
+                None if self.connections is None else round(self.connections / self.nodes, 3)
+            ),
         }
 
 
@@ -146,10 +151,11 @@ class SpreadResult:
 class StoreProcess:
     """The store the nodes use: where it listens and the process measured.
 
-    ``store`` is the client the nodes open: ``tcp`` (a TCPStore of ``impl``) or
-    ``etcd`` (an ``EtcdStore``, ``endpoint`` being its URLs); ``requests``
+    ``store`` is the client the nodes open: ``tcp`` (a TCPStore of ``impl``),
+    ``etcd`` (an ``EtcdStore``, ``endpoint`` being its URLs) or ``etcd-v2``
+    (torch's backend of that name, python-etcd on etcd's v2 API); ``requests``
     reads our server's request counts by operation, ``sent`` its bytes sent,
-    when it is ours.
+    ``connections`` its open connections, when it is ours.
     """
 
     endpoint: str
@@ -157,6 +163,7 @@ class StoreProcess:
     store: str = "tcp"
     requests: Callable[[], dict[str, int]] | None = None
     sent: Callable[[], int] | None = None
+    connections: Callable[[], int] | None = None
 
 
 class RequestCounts:
@@ -173,6 +180,10 @@ class RequestCounts:
 
     def bytes_sent(self) -> int:
         return self._client.server_stats()["bytes_sent"]
+
+    def connections_open(self) -> int:
+        """The server's open connections, less this reader's own."""
+        return self._client.server_stats()["connections_open"] - 1
 
     def close(self) -> None:
         self._client.close()
@@ -250,9 +261,6 @@ def run_spread(
     }
     if switch_interval is not None:
         spec["switch_interval"] = switch_interval
-    if case.victims:
-        # The kill case times departures: each dead node's own session ends, as deployed.
-        spec["session_per_node"] = True
     with start_server(impl, timeout) as server:
         requests = RequestCounts(server.host, server.port) if impl == "ours" else None
         store = StoreProcess(
@@ -260,6 +268,7 @@ def run_spread(
             server.proc.pid,
             requests=requests,
             sent=None if requests is None else requests.bytes_sent,
+            connections=None if requests is None else requests.connections_open,
         )
         group = SpreadGroup(store, timeout, profile)
         try:
@@ -316,6 +325,7 @@ class SpreadGroup:
         ops = requests()
         # Less the STATS replies of this bench (a few hundred bytes each).
         bytes_sent = sent() - sent_before if self.server.sent else None
+        connections = self.server.connections() if self.server.connections else None
         returns = sorted(at - started for message in joined.values() for at in message["at"])
         self._verify(joined, size)
         records = [record for message in joined.values() for record in message.get("rounds", [])]
@@ -343,6 +353,7 @@ class SpreadGroup:
             bytes_sent=bytes_sent,
             split=round_split(records, started, started + returns[-1]),
             removed=removed,
+            connections=connections,
         )
 
     def recover(self, result: SpreadResult, victims: Sequence[int], survivors: int) -> None:
@@ -417,21 +428,6 @@ class SpreadGroup:
 # -- the node process's side --------------------------------------------------------------
 
 
-def model_one_node_per_process() -> None:
-    """Give every node of this process a presence session of its own.
-
-    The nodes of a run in one process share one session (``node/shared.py``),
-    which a real deployment, one node per process, never does: there each node
-    opens its own session and pings it every keep-alive interval. A bench whose
-    figure is the store's cost per node (pings, departures) must model that.
-    """
-    from tp_rdzv_dynamic.node import shared
-
-    if not hasattr(shared, "MAX_NODES_PER_SESSION"):
-        raise RuntimeError("tp_rdzv_dynamic.node.shared no longer has MAX_NODES_PER_SESSION")
-    shared.MAX_NODES_PER_SESSION = 1
-
-
 def node_main(spec: dict[str, Any]) -> int:
     """``spec["count"]`` nodes, each on a thread and a connection of its own; obey stdin.
 
@@ -446,8 +442,6 @@ def node_main(spec: dict[str, Any]) -> int:
     threading.stack_size(256 * 1024)
     if "switch_interval" in spec:
         sys.setswitchinterval(spec["switch_interval"])
-    if spec.get("session_per_node"):
-        model_one_node_per_process()
     noted: list[Departure] = []
     watch_departures(noted.append, with_torch=spec["impl"] == "torch")
     if spec.get("count_requests"):
@@ -544,7 +538,12 @@ def _open_store(spec: dict[str, Any], timeout: timedelta) -> Any:
     if spec["store"] == "etcd":
         from tp_rdzv_etcd import EtcdStore
 
-        return EtcdStore(spec["endpoint"], f"/rdzv-bench/{spec['run_id']}/", timeout)
+        return EtcdStore(
+            spec["endpoint"],
+            f"/rdzv-bench/{spec['run_id']}/",
+            timeout,
+            transport=spec.get("transport", "auto"),
+        )
     host, port = spec["endpoint"].rsplit(":", 1)
     if spec["impl"] == "ours":
         from tp_store import TCPStore
@@ -555,10 +554,25 @@ def _open_store(spec: dict[str, Any], timeout: timedelta) -> Any:
     return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
 
 
+def _torch_etcd_v2(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """torch's ``etcd-v2`` backend and store (python-etcd, etcd's v2 API) at ``endpoint``."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import create_backend
+
+    host_port = spec["endpoint"].split(",")[0].split("//")[-1]
+    params = RendezvousParameters(
+        "etcd-v2", host_port, spec["run_id"], spec["min_nodes"], spec["max_nodes"]
+    )
+    return create_backend(params)
+
+
 def _make_handler(spec: dict[str, Any]) -> Any:
     timeout = timedelta(seconds=spec["timeout"])
     config = spec["config"]
-    store = _open_store(spec, timeout)
+    if spec["store"] == "etcd-v2":
+        backend, store = _torch_etcd_v2(spec)
+    else:
+        store = _open_store(spec, timeout)
     if spec["impl"] == "ours":
         from tp_rdzv_api import RendezvousTimeout
         from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
@@ -573,7 +587,8 @@ def _make_handler(spec: dict[str, Any]) -> Any:
             C10dRendezvousBackend,
         )
 
-        backend = C10dRendezvousBackend(store, spec["run_id"])
+        if spec["store"] != "etcd-v2":
+            backend = C10dRendezvousBackend(store, spec["run_id"])
         handler_class = dynamic_rendezvous.DynamicRendezvousHandler
         # torch's timeouts are whole seconds (0.5 reads as 0, which it refuses).
         last_call = timedelta(seconds=max(1, round(config["last_call_timeout"])))

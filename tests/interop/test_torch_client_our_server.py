@@ -93,6 +93,22 @@ def test_get_waits_until_the_key_is_set(our_server: OurServer, workers: WorkerPo
     assert result(pending) == b"here"
 
 
+def test_torch_workers_meet_as_on_the_bootstrap_store(
+    our_server: OurServer, workers: WorkerPool
+) -> None:
+    # A job's workers: each adds itself, then gets the key the last one sets (its
+    # WAIT parks until then); every step is one of the server's direct answers.
+    clients = torch_clients(our_server, workers, 4)
+    pending = []
+    for count, client in enumerate(clients[:-1], start=1):
+        assert client.add("workers", 1) == count
+        pending.append(client.submit("get", "unique_id"))
+    assert clients[-1].add("workers", 1) == len(clients)
+    clients[-1].set("unique_id", b"u" * 128)
+    assert [result(future) for future in pending] == [b"u" * 128] * 3
+    assert clients[0].get("workers") == b"4"
+
+
 def test_get_of_a_missing_key_times_out_and_the_connection_survives(tc: TorchStore) -> None:
     tc.set_timeout(SHORT)
     with pytest.raises(RemoteError) as error:

@@ -13,15 +13,16 @@ import base64
 import json
 import os
 import pickle
-import struct
 import zlib
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hypothesis import strategies as st
 
+from tp_rdzv_api import RendezvousStoreInfo
 from tp_rdzv_dynamic import _NodeDesc
 from tp_rdzv_dynamic.documents.answers import Seat, encode_answer, encode_roster
+from tp_rdzv_dynamic.documents.bootstrap_address import encode_bootstrap_address
 from tp_rdzv_dynamic.documents.codecs import (
     Lease,
     LivenessReport,
@@ -33,6 +34,7 @@ from tp_rdzv_dynamic.documents.codecs import (
 from tp_rdzv_dynamic.model.decisions import Join, Leave
 from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
+from tp_rdzv_dynamic.testing import shared_tuple_tree, torch_state_around
 from tp_rdzv_dynamic.torch_compat.torch_state import (
     TorchNode,
     TorchRendezvousState,
@@ -145,6 +147,7 @@ OUTCOMES = [
 ]
 ANSWERS = [encode_answer(Seat(3, 1, 2))]
 ROSTERS = [encode_roster(_COMPLETE.outcome()), encode_roster(_LARGE)]  # the large one compressed
+BOOTSTRAPS = [encode_bootstrap_address(RendezvousStoreInfo("node0.example", 29500))]
 MESSAGES = [
     encode_message(Join(NODES[0], 1, 0), "rcpt/abc"),
     encode_message(Leave(NODES[1])),
@@ -157,6 +160,7 @@ DOCUMENT_STATES = mutated(STATES) | RAW_BYTES
 DOCUMENT_OUTCOMES = mutated(OUTCOMES) | RAW_BYTES
 DOCUMENT_ANSWERS = mutated(ANSWERS) | RAW_BYTES
 DOCUMENT_ROSTERS = mutated(ROSTERS) | RAW_BYTES
+DOCUMENT_BOOTSTRAPS = mutated(BOOTSTRAPS) | RAW_BYTES
 DOCUMENT_MESSAGES = mutated(MESSAGES) | RAW_BYTES
 DOCUMENT_LIVENESS = mutated(LIVENESS) | RAW_BYTES
 
@@ -184,30 +188,6 @@ TORCH_STATE = TorchRendezvousState(
     wait_list={_TORCH_NODES[2]},
     last_heartbeats=dict.fromkeys(_TORCH_NODES, _NOW),
 )
-PLACEHOLDER = "PLACEHOLDER-ADDRESS"
-
-
-def torch_state_around(opcodes: bytes) -> bytes:
-    """PyTorch's stored value of a state whose one participant's address is what
-    ``opcodes`` build (they leave one value on the stack)."""
-    state = TorchRendezvousState(participants={TorchNode(PLACEHOLDER, 1, 0): 0})
-    pickled = base64.b64decode(encode_torch_state(state))
-    text = PLACEHOLDER.encode()
-    placeholder = pickle.BINUNICODE + struct.pack("<I", len(text)) + text
-    assert pickled.count(placeholder) == 1
-    return base64.b64encode(pickled.replace(placeholder, opcodes))
-
-
-def shared_tuple_tree(levels: int) -> bytes:
-    """Opcodes of a tuple of ``levels`` levels, each holding the level below twice
-    through the memo: ~8 bytes a level, 2**levels steps to hash."""
-    out = pickle.SHORT_BINUNICODE + b"\x01x" + pickle.TUPLE1 + pickle.MEMOIZE
-    for level in range(levels):
-        get = pickle.LONG_BINGET + struct.pack("<I", level)
-        out += get + get + pickle.TUPLE2 + pickle.MEMOIZE
-    return out
-
-
 #: The opcodes a hostile pickle is spliced from: all a state uses, and some it refuses.
 _OPCODES = st.sampled_from(
     [

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tp_rdzv_api import RendezvousStateError
 from tp_rdzv_dynamic.documents.answers import decode_answer, decode_roster
+from tp_rdzv_dynamic.documents.bootstrap_address import decode_bootstrap_address
 from tp_rdzv_dynamic.documents.codecs import (
     Lease,
     decode_liveness,
@@ -66,6 +67,14 @@ def test_an_answer_decodes_or_is_a_state_error(raw: bytes) -> None:
 @given(hostile_data.DOCUMENT_ROSTERS)
 def test_a_roster_decodes_or_is_a_state_error(raw: bytes) -> None:
     within_bounds(lambda: decode_roster(raw, "the roster key"), (RendezvousStateError,))
+
+
+@hostile
+@given(hostile_data.DOCUMENT_BOOTSTRAPS)
+def test_a_bootstrap_address_decodes_or_is_a_state_error(raw: bytes) -> None:
+    within_bounds(
+        lambda: decode_bootstrap_address(raw, "the bootstrap key"), (RendezvousStateError,)
+    )
 
 
 @hostile

@@ -45,6 +45,7 @@ from tp_rdzv_dynamic.documents.codecs import (
 )
 from tp_rdzv_dynamic.model.decisions import Join, Leave
 from tp_rdzv_dynamic.model.state import RendezvousState
+from tp_rdzv_dynamic.testing import hash_bomb, shared_tuple_tree, torch_state_around
 from tp_rdzv_dynamic.torch_compat.torch_c10d import TorchC10dRun
 from tp_store import TCPStore
 from tp_store.testing.bounds import within_bounds
@@ -306,7 +307,7 @@ def test_the_steward_outlives_any_batch_of_hostile_messages(messages):
     [
         # A node whose address is a 64-level tree of shared tuples (1.5 KB): hashing
         # it while unpickling took 2**64 steps, in C code Ctrl-C could not stop.
-        (hostile_data.torch_state_around(hostile_data.shared_tuple_tree(64)), "memo reference"),
+        (hash_bomb(), "memo reference"),
         # The same tree as a member of the wait list's set.
         (
             base64.b64encode(
@@ -314,7 +315,7 @@ def test_the_steward_outlives_any_batch_of_hostile_messages(messages):
                 + b"\x04"
                 + pickle.EMPTY_SET
                 + pickle.MARK
-                + hostile_data.shared_tuple_tree(64)
+                + shared_tuple_tree(64)
                 + pickle.ADDITEMS
                 + pickle.STOP
             ),
@@ -326,7 +327,7 @@ def test_the_steward_outlives_any_batch_of_hostile_messages(messages):
         (base64.b64encode(pickle.PROTO + b"\x04" + pickle.EMPTY_SET * 700_000), "containers"),
         # A node's address that cannot be a key.
         (
-            hostile_data.torch_state_around(pickle.SHORT_BINUNICODE + b"\x03\xed\xa0\x80"),
+            torch_state_around(pickle.SHORT_BINUNICODE + b"\x03\xed\xa0\x80"),
             "printable",
         ),
     ],

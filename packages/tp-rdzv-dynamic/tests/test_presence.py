@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,18 +50,43 @@ def test_nodes_are_present_through_sessions_and_write_no_counters(make_node, ser
     assert Lease.parse(server.get(KEYS.lease)).session_held
 
 
-def test_the_nodes_of_one_process_share_one_presence_session(make_node, server):
-    handlers = [make_node(3, 3, interval=0.2) for _ in range(3)]
-    before = server.server_stats().get("sessions_opened", 0)
+def test_each_node_is_present_on_its_own_connection_and_opens_no_other(make_node, server):
+    handlers = [make_node(8, 8, interval=0.2) for _ in range(8)]  # each connected once
+    before = server.server_stats()
     rendezvous_all(handlers)
-    # One for the three nodes' presence, one for the steward's lease.
-    assert server.server_stats()["sessions_opened"] - before == 2
-    # One leaves: only its key goes, the others stay present through the session.
+    after = server.server_stats()
+    # A session per node, on the node's connection, and the steward's for its lease:
+    # only the steward opens connections (its board's, its state's and its session's).
+    assert after["sessions_opened"] - before.get("sessions_opened", 0) == 8 + 1
+    assert after["connections_accepted"] - before["connections_accepted"] == 3
+    # One leaves: its key goes, the others stay present.
     leaver, *stayers = handlers
     leaver._presence.close()
     assert not server.check([KEYS.presence(leaver.node.key)])
     assert server.check([KEYS.presence(handler.node.key) for handler in stayers])
-    wait_until(lambda: len(stayers[0].status().participants) == 2)
+    wait_until(lambda: len(stayers[0].status().participants) == 7)
+
+
+def test_a_node_waiting_many_session_timeouts_for_its_round_stays_present(
+    make_node, server, caplog
+):
+    """Its thread waits on the connection that holds its session: the wait, cut
+    into slices, keeps the session alive (a stopped process's would not)."""
+    caplog.set_level(logging.INFO)
+    waiting = make_node(2, 2, interval=0.5)  # a session ends after 1 s of silence
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(waiting.next_rendezvous)
+        wait_until(lambda: server.check([KEYS.presence(waiting.node.key)]))
+        started = server.server_stats()["uptime_seconds"]
+        wait_until(lambda: server.server_stats()["uptime_seconds"] > started + 5.0, seconds=30)
+        assert not pending.done()
+        assert server.server_stats().get("sessions_ended_expired", 0) == 0
+        assert waiting._presence.renewals == 0
+        latecomer = make_node(2, 2, interval=0.5)
+        assert latecomer.next_rendezvous().world_size == 2
+        assert pending.result(timeout=30).world_size == 2
+    assert not records(caplog, "node_gone")
+    assert not records(caplog, "presence_lost")
 
 
 def test_presence_outlives_many_session_timeouts_while_the_job_trains(make_node, server):

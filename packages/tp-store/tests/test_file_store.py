@@ -216,6 +216,35 @@ def test_a_corrupted_byte_is_a_store_error_for_every_new_handle_and_process(
     assert path.stat().st_size == size  # nothing truncated, nothing appended
 
 
+def _checksum_record(length: int, checksum: int = 1) -> bytes:
+    """A checksum record (its own checksum right) claiming ``length`` bytes of batch."""
+    info = struct.pack("=II", length, checksum)
+    return _record(b"-checksum/", info + struct.pack("=I", zlib.crc32(info)))
+
+
+def test_a_crafted_tail_of_overlapping_checksum_records_is_a_prompt_store_error(
+    tmp_path: Path,
+) -> None:
+    # A tail that looks torn (its first batch runs past the end), then 40,000
+    # checksum records, each claiming the rest of the file as its batch with a
+    # wrong CRC (1 is no CRC of the empty batch either): checked one by one,
+    # that is 24 GB of CRC; within the budget it is about a megabyte, and the
+    # file is called corrupt rather than truncated.
+    path = tmp_path / "store"
+    with FileStore(path, timeout=TIMEOUT) as store:
+        store.set("before", "1")
+    size = path.stat().st_size
+    record_size = len(_checksum_record(0))
+    count = 40_000
+    records = [_checksum_record((count - 1 - i) * record_size) for i in range(count)]
+    tail = _checksum_record(count * record_size + 1000) + b"".join(records)
+    with path.open("ab") as file:
+        file.write(tail)
+    with pytest.raises(StoreError, match=f"corrupt at byte {size}"):
+        FileStore(path, timeout=TIMEOUT)
+    assert path.stat().st_size == size + len(tail)  # nothing truncated
+
+
 def test_a_handle_whose_file_shrank_says_so(tmp_path: Path) -> None:
     path = tmp_path / "store"
     store = FileStore(path, timeout=TIMEOUT)

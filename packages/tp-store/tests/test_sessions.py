@@ -12,6 +12,7 @@ import pytest
 
 from tp_store.errors import ProtocolError, StoreAuthenticationError
 from tp_store.protocol import (
+    EXTENSION_OFFER,
     REQUESTS_PER_TURN,
     TRANSITIONS,
     Add,
@@ -30,6 +31,7 @@ from tp_store.protocol import (
     ServerSession,
     Set,
     Turn,
+    Validate,
     Wait,
     WaitGet,
     WaitReply,
@@ -248,19 +250,29 @@ HOT_REQUESTS = [
     WaitGet.frame((b"/n",)),
     Check((b"/k",)).encode(),
     Check((b"/missing",)).encode(),
+    Ping(7).encode(),
 ]
+HANDSHAKE = (Validate().encode(), Ping(EXTENSION_OFFER).encode())
+
+
+def served(pair: Pair, data: bytes) -> bytes:
+    """What the general path replies to ``data`` (its outbox, emptied)."""
+    pair.server.receive(data)
+    while pair.server.serve() is not Turn.IDLE:
+        pass
+    reply = b"".join(pair.server.outbox)
+    pair.server.outbox.clear()
+    return reply
 
 
 def test_the_direct_path_answers_as_the_general_one(state: StoreState) -> None:
     direct, general = Pair(state, None, None), Pair(StoreState(), None, None)
-    direct.connect()
-    general.connect()
+    for frame in HANDSHAKE:
+        assert direct.server.answer(frame) == served(general, frame), frame
+    assert direct.server.phase is general.server.phase is Phase.SERVING
+    assert direct.server.extended
     for frame in HOT_REQUESTS:
-        reply = direct.server.answer(frame)
-        general.server.receive(frame)
-        assert general.server.serve() is Turn.IDLE
-        assert reply == b"".join(general.server.outbox), frame
-        general.server.outbox.clear()
+        assert direct.server.answer(frame) == served(general, frame), frame
     assert direct.ops == general.ops
     assert state.data == {b"/k": b"v", b"/n": b"3"}
 
@@ -270,28 +282,99 @@ def test_the_direct_path_answers_as_the_general_one(state: StoreState) -> None:
     [
         Add.frame(b"/n", 1)[:-1],  # not whole yet
         Add.frame(b"/n", 1) * 2,  # pipelined
-        Wait.frame((b"/missing",)),  # parks
-        WaitGet.frame((b"/missing",)),
         Wait.frame((b"/k", b"/k")),  # more than one key
-        Set.frame(b"/big", b"x" * (Limits().max_value_bytes + 1)),  # over a limit
-        CompareSet.frame(b"/k", b"v", b"w"),  # not a hot request
+        CompareSet.frame(b"/k", b"v", b"w"),  # not a usual request
+        Add.frame(b"/n", 1) * (REQUESTS_PER_TURN + 1),  # more than a turn
     ],
 )
 def test_the_direct_path_leaves_the_rest_to_the_general_one(
     state: StoreState, frame: bytes
 ) -> None:
-    pair = Pair(state, None, None)
-    pair.connect()
+    other = StoreState()
+    direct, general = Pair(state, None, None), Pair(other, None, None)
+    direct.connect()
+    general.connect()
     state.set(b"/k", b"v")
-    assert pair.server.answer(frame) is None
-    assert state.data == {b"/k": b"v"}
-    assert sum(pair.ops) == 2  # the handshake's VALIDATE and PING only
+    other.set(b"/k", b"v")
+    assert direct.server.answer(frame) is None
+    assert state.data == {b"/k": b"v"}  # nothing done
+    assert served(direct, frame) == served(general, frame)
+    assert direct.ops == general.ops
+    assert state.data == other.data
 
 
-def test_the_direct_path_waits_for_the_handshake_and_the_buffer(state: StoreState) -> None:
+def test_a_request_over_a_limit_is_left_to_the_general_path(state: StoreState) -> None:
     pair = Pair(state, None, None)
-    assert pair.server.answer(Add.frame(b"/n", 1)) is None  # before VALIDATE
     pair.connect()
-    pair.server.receive(Add.frame(b"/n", 1)[:3])
-    assert pair.server.answer(Add.frame(b"/n", 1)) is None  # behind a partial request
+    frame = Set.frame(b"/big", b"x" * (Limits().max_value_bytes + 1))
+    assert pair.server.answer(frame) is None
+    pair.server.receive(frame)
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        pair.server.serve()
+    assert not state.data
+
+
+def test_a_wait_of_a_missing_key_parks_on_the_direct_path(state: StoreState) -> None:
+    waiting, writer = Pair(state, None, None), Pair(state, None, None)
+    waiting.connect()
+    writer.connect()
+    assert waiting.server.answer(WaitGet.frame((b"/late",))) == b""
+    assert waiting.server.parked
+    assert waiting.server.phase is Phase.WAITING
+    # While it is parked, what the client sends is the general path's, which refuses it.
+    assert waiting.server.answer(Get.frame(b"/late")) is None
+    assert writer.server.answer(Set.frame(b"/late", b"v")) == b""
+    assert waiting.woken == [None]
+    assert not waiting.server.parked
+    waiting.deliver()
+    assert waiting.read(WaitGet.reply, 1) == (WaitReply.STOP_WAITING, [b"v"])
+
+
+def test_what_follows_a_wait_parked_on_the_direct_path_is_refused(state: StoreState) -> None:
+    pair = Pair(state, None, None)
+    pair.connect()
+    assert pair.server.answer(Wait.frame((b"/never",))) == b""
+    pair.server.receive(Get.frame(b"/k"))
+    with pytest.raises(ProtocolError, match="GET sent while a wait is pending"):
+        pair.server.serve()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        Add.frame(b"/n", 1),  # before VALIDATE
+        Validate(1).encode(),  # a wrong magic
+    ],
+)
+def test_the_direct_path_leaves_a_bad_handshake_to_the_general_one(
+    state: StoreState, frame: bytes
+) -> None:
+    pair = Pair(state, None, None)
+    assert pair.server.answer(frame) is None
+    pair.server.receive(frame)
+    with pytest.raises(ProtocolError, match="first message must be VALIDATE"):
+        pair.server.serve()
+    assert not state.data
+
+
+def test_the_direct_path_leaves_a_handshake_with_a_secret_to_the_general_one(
+    state: StoreState,
+) -> None:
+    pair = Pair(state, SECRET, SECRET)
+    assert pair.server.answer(Validate().encode()) is None
+    assert pair.server.phase is Phase.HANDSHAKE
+    served(pair, Validate().encode())
+    assert pair.server.phase is Phase.AUTH
+
+
+def test_the_direct_path_waits_behind_a_partial_request(state: StoreState) -> None:
+    pair = Pair(state, None, None)
+    pair.connect()
+    frame = Add.frame(b"/n", 1)
+    pair.server.receive(frame[:3])
+    assert pair.server.answer(frame) is None
     assert b"/n" not in state.data
+    pair.server.receive(frame[3:] + frame)
+    assert pair.server.serve() is Turn.IDLE
+    pair.deliver()
+    assert [pair.read(Add.reply), pair.read(Add.reply)] == [1, 2]

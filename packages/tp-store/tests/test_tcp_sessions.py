@@ -29,6 +29,7 @@ from tp_store import (
     PrefixStore,
     SessionExpiredError,
     Store,
+    StoreTimeoutError,
     TCPStore,
 )
 from tp_store.protocol import (
@@ -375,4 +376,106 @@ def test_a_parked_wait_on_the_will_queue_gets_its_answer_once(plain: Served) -> 
         session.add_will("departures", "gone")
     assert raw.read_exact(1) == FLAG_REPLY.encode(0)
     raw.ping()
+    store.close()
+
+
+# -- a session attached to the store handle's own connection ----------------------------
+
+
+class _Attaching(TCPStore):
+    """A client whose sessions live on its own connection (``attach_session``)."""
+
+    def open_session(self, timeout: Any) -> Any:
+        return self.attach_session(timeout)
+
+
+@pytest.fixture
+def attached_harness(served: Served) -> Iterator[Harness]:
+    def client() -> TCPStore:
+        return _Attaching("127.0.0.1", served.port, timeout=TIMEOUT, **served.client_options)
+
+    built = Harness(client(), client, crosses_processes=False)
+    yield built
+    built.close()
+
+
+class TestAttachedTCPSessions(StoreSessionContract):
+    """The session contract on sessions attached to the store handle's connection."""
+
+    @pytest.fixture
+    def harness(self, attached_harness: Harness) -> Harness:
+        return attached_harness
+
+
+def test_an_attached_session_costs_no_connection(plain: Served) -> None:
+    store = plain.client()
+    accepted = plain.stats()["connections_accepted"]
+    session = store.attach_session(LONG)
+    session.set("present/a", "1")
+    session.add_will("departures", "a gone")
+    store.set("plain", "2")  # the handle serves its other calls meanwhile
+    session.keep_alive()
+    assert store.get("present/a") == b"1"
+    assert plain.stats()["connections_accepted"] == accepted
+    session.close()
+    assert not store.check(["present/a"])
+    assert store.queue_pop("departures") == b"a gone"
+    assert store.get("plain") == b"2"  # the connection outlives its session
+    assert plain.stats()["connections_accepted"] == accepted
+    store.close()
+
+
+def test_a_long_wait_does_not_silence_an_attached_session(plain: Served) -> None:
+    store, observer = plain.client(), plain.client()
+    session = store.attach_session(0.3)
+    session.set("present/a", "1")
+    # Four timeouts parked on a key that never comes: sliced, never silent that long.
+    with pytest.raises(StoreTimeoutError):
+        store.wait(["never"], 1.2)
+    session.keep_alive()
+    assert observer.get("present/a") == b"1"
+    assert plain.stats().get("sessions_ended_expired", 0) == 0
+    # A wait that is satisfied across slices gets its value.
+    writer = threading.Timer(0.5, observer.set, ("later", "v"))
+    writer.start()
+    try:
+        assert store.wait_get("later", 30) == b"v"
+    finally:
+        writer.join()
+    session.close()
+    store.close()
+    observer.close()
+
+
+def test_a_ping_skips_a_connection_another_thread_waits_on(plain: Served) -> None:
+    store, observer = plain.client(), plain.client()
+    session = store.attach_session(LONG)
+    waiter = Call(lambda: store.wait_get("woken", 60))
+    wait_until(lambda: plain.stats()["waiters_parked"] == 1, "the wait parked")
+    session.keep_alive()  # returns at once: the waiter's frames keep the session alive
+    assert waiter.is_alive()
+    observer.set("woken", "yes")
+    assert waiter.outcome() == b"yes"
+    session.close()
+    store.close()
+    observer.close()
+
+
+def test_an_attached_session_ends_with_its_connection(plain: Served) -> None:
+    store = plain.client()
+    session = store.attach_session(LONG)
+    session.add_will("departures", "gone")
+    session.keep_alive()  # the will is in
+    for connection in list(plain.thread.server.connections):
+        if connection._session.store_session is not None:
+            plain.thread.call(functools.partial(connection.close, "dropped by the test"))
+    with pytest.raises(SessionExpiredError, match="connection was lost"):
+        session.keep_alive()
+    assert session.ended
+    # The handle reconnects for its own calls; the session stayed with the old connection.
+    assert store.queue_pop("departures") == b"gone"
+    with pytest.raises(SessionExpiredError):
+        session.set("k", "v")
+    store.set("k", "v")
+    assert store.get("k") == b"v"
     store.close()

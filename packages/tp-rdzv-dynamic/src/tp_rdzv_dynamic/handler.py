@@ -18,6 +18,7 @@ import time
 from datetime import timedelta
 
 from tp_rdzv_api import (
+    RendezvousConnectionError,
     RendezvousError,
     RendezvousHandler,
     RendezvousInfo,
@@ -267,9 +268,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
         self._office.post(Join(node, self._hint, round_))
-        # This thread stays in one wait for the outcome; the ticks heartbeat
-        # and watch the lease meanwhile, from the process's scheduler.
-        self._ticks.start(Join(node, self._hint, round_), counter)
+        # This thread waits for the outcome on the node's connection, which holds
+        # its presence session; it wakes once per interval to tick (the lease
+        # watched, the join posted again if needed) and waits again.
+        self._ticks.start(Join(node, self._hint, round_), counter, now)
         try:
             while True:
                 now = time.monotonic()
@@ -278,15 +280,24 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     error = roll_back_join(node, self._settings, board, self._round)
                     self._office.stop()  # after the receipt: this node's steward may confirm it
                     raise error
-                outcome = board.await_outcome(round_, deadline.remaining(now))
-                if outcome is None:
+                self._ticks.tick_if_due(now)
+                try:
+                    outcome = board.await_outcome(
+                        round_, self._ticks.wait(now, deadline.remaining(now))
+                    )
+                    if outcome is None:
+                        continue
+                    if outcome.error is not None:
+                        raise RendezvousStateError(outcome.error)
+                    if outcome.closed:
+                        raise closed_error(node, self.get_run_id(), self._holder)
+                    # Its own answer, not the whole round: O(1) bytes per node.
+                    seat = board.read_seat(outcome.round, node)
+                except RendezvousConnectionError:
+                    if not self._present_again():
+                        raise
+                    self._ticks.hurry()  # found gone: the join goes again at once
                     continue
-                if outcome.error is not None:
-                    raise RendezvousStateError(outcome.error)
-                if outcome.closed:
-                    raise closed_error(node, self.get_run_id(), self._holder)
-                # Its own answer, not the whole round: O(1) bytes per node.
-                seat = board.read_seat(outcome.round, node)
                 if seat is not None:
                     if seat.world_size != outcome.world_size:
                         raise RendezvousStateError(
@@ -298,6 +309,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._ticks.ask(Join(node, self._hint, round_))
         finally:
             self._ticks.stop()
+
+    def _present_again(self) -> bool:
+        """Whether this node's connection was lost with its presence session, now
+        renewed on a new one: the store closes the connection of a session that
+        expired (the node, or a store hosted in a node's process, was frozen past
+        the liveness bound), and the request under way fails. Raises
+        ``RendezvousConnectionError`` if the store cannot be reached."""
+        if not self._presence.offered:
+            return False
+        # The store answers first (on a new connection): one that is gone is an
+        # error at once, not a session to renew.
+        self._board.is_closed()
+        # Renewed here, or already by the scheduler's ping (which found the
+        # session's connection gone too).
+        self._presence.keep_alive()
+        return self._presence.present
 
     # -- beyond the documented API: for agents and operators -------------------
     def wait_for_change(self, timeout: float) -> bool:
@@ -373,7 +400,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._office.stop()
             self._presence.close()
             self._bootstrap.shutdown()
-            self._ticks.close()
             if self._watcher is not None:
                 self._watcher.store.close()
                 self._watcher = None
@@ -405,7 +431,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if seat.rank == 0:
             try:
                 bootstrap = self._bootstrap.host(
-                    round_store, seat.round, keep_alive=self._keep_alive, tick=self._tick
+                    self._board, seat.round, keep_alive=self._keep_alive, tick=self._tick
                 )
             except RendezvousError:
                 # The others would wait for an address that never comes: this node
@@ -415,12 +441,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 raise
         else:
             found = await_bootstrap_info(
-                seat.rank,
-                round_store,
                 seat.round,
                 board=self._board,
                 settings=self._settings,
                 keep_alive=self._keep_alive,
+                present_again=self._present_again,
             )
             if found is None:
                 return None

@@ -274,6 +274,16 @@ class Store:
         """
         raise UnsupportedOperationError(f"{type(self).__name__} does not offer store sessions")
 
+    def attach_session(self, timeout: Timeout) -> StoreSession:
+        """A store session on this handle's own connection, where the store has one.
+
+        A :class:`~tp_store.TCPStore` opens a session on a connection of its
+        own; this one costs the server no connection more, and ends when this
+        handle's connection does (see :meth:`tp_store.TCPStore.attach_session`).
+        Other stores open one as :meth:`open_session` does.
+        """
+        return self.open_session(timeout)
+
     # -- lifetime --------------------------------------------------------------
     def close(self) -> None:
         """Release the connection or server this handle owns, if any."""

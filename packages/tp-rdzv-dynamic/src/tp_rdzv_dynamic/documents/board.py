@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
-from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError
+from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError, RendezvousStoreInfo
 from tp_rdzv_dynamic.model.decisions import Message
 from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
@@ -22,6 +22,7 @@ from tp_rdzv_dynamic.quoting import quoted
 from tp_store import Store, StoreError, StoreSession, StoreTimeoutError, UnsupportedOperationError
 
 from .answers import Roster, Seat, answers, decode_answer, decode_roster, encode_roster
+from .bootstrap_address import decode_bootstrap_address, encode_bootstrap_address
 from .codecs import (
     WAKE_MESSAGE,
     Lease,
@@ -78,6 +79,15 @@ class RendezvousBoard:
             except UnsupportedOperationError:
                 return None
 
+    def attach_session(self, timeout: float, what: str) -> StoreSession | None:
+        """:meth:`open_session` on this board's own connection (no connection more);
+        ``None`` if the store offers no sessions."""
+        with self._store_errors(f"opening {what}"):
+            try:
+                return self.store.attach_session(timeout)
+            except UnsupportedOperationError:
+                return None
+
     # -- presence: ephemeral keys and wills -------------------------------------
     def be_present(self, session: StoreSession, node: _NodeDesc, token: str) -> None:
         """Make ``node`` present through ``session``: its key holds ``token`` while the
@@ -86,15 +96,6 @@ class RendezvousBoard:
         with self._store_errors("announcing this node's presence"):
             session.set(self.keys.presence(node.key), token)
             session.add_will(self.keys.mailbox, gone)
-
-    def be_absent(self, node: _NodeDesc, token: str) -> None:
-        """End ``node``'s presence in a session others stay present through: its key
-        deleted, then its departure posted, as the session's end would do. Both have
-        landed when this returns (the push has no reply: a round trip follows it)."""
-        with self._store_errors("ending this node's presence"):
-            self.store.delete_key(self.keys.presence(node.key))
-            self.store.queue_push(self.keys.mailbox, encode_message(Gone(node, token)))
-            self.store.queue_len(self.keys.mailbox)
 
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.
@@ -166,6 +167,28 @@ class RendezvousBoard:
             except StoreTimeoutError:
                 return None
         return decode_outcome(raw, key)
+
+    # -- the workers' bootstrap store ---------------------------------------------
+    def publish_bootstrap(self, round_: int, info: RendezvousStoreInfo) -> None:
+        """Rank 0 of ``round_`` tells the other nodes where its workers' store is (one key)."""
+        key, document = self.keys.bootstrap(round_), encode_bootstrap_address(info)
+        self._call("publishing the bootstrap store", lambda: self.store.set(key, document))
+
+    def await_bootstrap(self, round_: int, timeout: float) -> RendezvousStoreInfo | None:
+        """The bootstrap store rank 0 of ``round_`` published, or ``None`` after ``timeout``
+        seconds: one request on our server (``wait_get``)."""
+        key = self.keys.bootstrap(round_)
+        with self._store_errors("waiting for the bootstrap store's address"):
+            try:
+                raw = self.store.wait_get(key, timeout)
+            except StoreTimeoutError:
+                return None
+        return decode_bootstrap_address(raw, key)
+
+    def has_bootstrap(self, round_: int) -> bool:
+        """Whether rank 0 of ``round_`` has published its bootstrap store (no waiting)."""
+        key = self.keys.bootstrap(round_)
+        return self._call("checking for the bootstrap store", lambda: self.store.check([key]))
 
     def await_stale(self, round_: int, timeout: float) -> bool:
         """Whether the completed ``round_`` turns stale within ``timeout`` seconds."""

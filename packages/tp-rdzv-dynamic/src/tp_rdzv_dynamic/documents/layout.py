@@ -90,6 +90,10 @@ class RunLayout:
         """The receipt a node names in its ``serial``-th message that asks for one."""
         return f"{RECEIPT_PREFIX}{node_key}/{serial}"
 
+    def bootstrap(self, round_: int) -> str:
+        """Where rank 0 of ``round_`` publishes its workers' bootstrap store (address and port)."""
+        return f"{self.prefix}bootstrap/{round_}"
+
     def round_store(self, round_: int) -> str:
         """The prefix of the store the nodes of ``round_`` get (``RendezvousInfo.store``)."""
         return f"{self.prefix}r{round_}"

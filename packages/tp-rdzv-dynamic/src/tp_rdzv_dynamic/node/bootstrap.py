@@ -1,7 +1,8 @@
 """The workers' bootstrap store of a round: rank 0 hosts it, the other nodes find it.
 
-Rank 0 hosts a new server per round and publishes its address in the round's
-namespace, where the other nodes read it. Workers of a restarted job so never
+Rank 0 hosts a new server per round and publishes its address and port in
+one key of the run (``bootstrap/<round>``), which the other nodes read in one
+request. Workers of a restarted job so never
 meet keys of an earlier attempt (gloo's addresses, c10d's barriers), as they
 would on the rendezvous store.
 
@@ -24,13 +25,10 @@ from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
-from tp_store import Store, StoreError, StoreTimeoutError
 
 from .bootstrap_process import BootstrapProcess, BootstrapProcessError, describe_exit
 
 log = logging.getLogger(__name__)
-
-_ADDRESS_KEYS = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
 
 
 class BootstrapServer:
@@ -45,12 +43,12 @@ class BootstrapServer:
 
     def host(
         self,
-        round_store: Store,
+        board: RendezvousBoard,
         round_: int,
         keep_alive: Callable[[float], object],
         tick: float,
     ) -> RendezvousStoreInfo:
-        """Start an empty server for the workers of ``round_``; the address to publish.
+        """Start an empty server for the workers of ``round_`` and publish its address.
 
         ``keep_alive(now)`` runs every ``tick`` seconds while the child is slow
         to answer (starting, on a loaded machine): the node stays alive meanwhile.
@@ -71,7 +69,9 @@ class BootstrapServer:
             ) from exc
         self._round = round_
         self._lost_reported = False
-        return RendezvousStoreInfo.build(0, round_store, local_addr=addr, server_port=port)
+        info = RendezvousStoreInfo(addr, port)
+        board.publish_bootstrap(round_, info)
+        return info
 
     def prestart(self) -> None:
         """Start the process now (without waiting for it), not with the first round hosted."""
@@ -146,13 +146,12 @@ class BootstrapServer:
 
 
 def await_bootstrap_info(
-    rank: int,
-    round_store: Store,
     round_: int,
     *,
     board: RendezvousBoard,
     settings: RendezvousSettings,
     keep_alive: Callable[[float], object],
+    present_again: Callable[[], bool],
 ) -> RendezvousStoreInfo | None:
     """The bootstrap store rank 0 of ``round_`` publishes; ``None`` if the round turns stale first.
 
@@ -160,25 +159,24 @@ def await_bootstrap_info(
     every other node fail with it. Meanwhile ``keep_alive(now)`` runs once per
     keep-alive interval (the node heartbeats and watches the lease as while
     joining: rank 0 may have been the steward, and only a steward marks the
-    round stale).
+    round stale). A wait that fails with the node's connection, which the
+    store closed with its expired presence session, goes on once
+    ``present_again()`` says the node is present again.
     """
     tick = settings.keep_alive_interval.total_seconds()
     deadline = time.monotonic() + settings.timeout.join.total_seconds()
     while True:
         try:
-            round_store.wait(_ADDRESS_KEYS, tick)
-        except StoreTimeoutError:
-            pass
-        except StoreError as exc:
-            raise _store_error(board, "waiting for the bootstrap store's address", exc) from exc
-        else:
-            try:
-                return RendezvousStoreInfo.build(rank, round_store)
-            except StoreError as exc:
-                raise _store_error(board, "reading the bootstrap store's address", exc) from exc
+            found = board.await_bootstrap(round_, tick)
+        except RendezvousConnectionError:
+            if not present_again():
+                raise
+            found = None
+        if found is not None:
+            return found
         now = time.monotonic()
         keep_alive(now)
-        if board.is_stale(round_) and not round_store.check(_ADDRESS_KEYS):
+        if board.is_stale(round_) and not board.has_bootstrap(round_):
             return None
         if now >= deadline:
             raise RendezvousTimeoutError(
@@ -186,7 +184,3 @@ def await_bootstrap_info(
                 f"({settings.timeout.join}) waiting for rank 0 of round {round_} "
                 "to publish the workers' bootstrap store"
             )
-
-
-def _store_error(board: RendezvousBoard, what: str, exc: StoreError) -> RendezvousConnectionError:
-    return RendezvousConnectionError(f"rendezvous {board.run_id!r}: {what}: {exc}")

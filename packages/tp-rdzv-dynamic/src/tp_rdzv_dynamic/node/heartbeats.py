@@ -1,15 +1,17 @@
-"""Keep-alive ticks: one thread per process ticks for every handler in it.
+"""Keep-alive ticks.
 
-A node keeps its presence alive (a ping of its presence session; on a store
-without sessions, a heartbeat counter) while it waits for a round, when it
-also watches the steward lease, and after it returned from one. A node's own thread doing that would
-wake, cancel its wait for the outcome and wait again at every tick; a thread
-per node and per round would start thousands of threads at the end of every
-round of a process that simulates thousands of nodes; and threads started
-together tick together: every interval a herd. Here one daemon thread keeps a
-schedule; each handler's first tick falls at a random point of its interval, so
-ticks stay spread however many nodes started or returned at once, and a
-waiting node's thread stays parked on its outcome.
+Between rounds a node keeps its presence alive (a ping of its presence
+session; on a store without sessions, a heartbeat counter): one thread per
+process does that for every handler in it (a thread per node and per round
+would start thousands of threads at the end of every round of a process that
+simulates thousands of nodes). It keeps a schedule; each handler's first
+tick falls at a random point of its interval, so ticks stay spread however
+many nodes started or returned at once.
+
+While a node waits for a round it also watches the steward lease: its own
+thread does that (:class:`JoinTicks`), between slices of its wait on its own
+connection, which holds its presence session: a node costs the store server
+one connection.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.steward.office import StewardOffice
 
 from .presence import NodePresence
-from .shared import TICK_BOARDS
 
 log = logging.getLogger(__name__)
 
@@ -153,23 +154,20 @@ class Heartbeats:
 
 
 class JoinTicks:
-    """A waiting node's ticks, from the scheduler's thread on a board of their own.
+    """A waiting node's ticks, run by its own thread between slices of its wait.
 
     Each tick: the lease (taken over if vacant, or if its steward went silent
     on a store without sessions), and the join posted again to a new
     steward, or to the steward in office if this node was found gone: its
     presence session ended and was renewed, or (without sessions) its
     heartbeat counter, which each tick moves, went down (a steward reset it).
-    The node's own thread stays
-    parked in one wait for its outcome meanwhile; it used to wake every tick,
-    cancel that wait, do the same and wait again, and hundreds of node threads
-    of a process doing so fought for the GIL.
+    The first tick falls at a random point of the second half of the
+    interval, so that nodes that started together tick apart.
 
     Args:
-        board: the node's board; the ticks use a clone of it (at the first tick),
-            shared with the other nodes of the run in this process.
+        board: the node's board.
         node: this node.
-        office: the node's steward office (used from the ticks only while waiting).
+        office: the node's steward office.
         interval: the keep-alive interval.
         presence: the node's presence (its pings are the heartbeats' job).
     """
@@ -182,82 +180,69 @@ class JoinTicks:
         interval: float,
         presence: NodePresence,
     ) -> None:
-        self._node_board = board
+        self._board = board
         self._node = node
         self._office = office
         self._interval = interval
         self._presence = presence
-        self._board: RendezvousBoard | None = None
-        self._lock = threading.Lock()  # the join asked for, and the office while a tick uses it
         self._join: Join | None = None
         # The heartbeat counter as this node last saw it, or its presence's renewals.
         self._counter = 0
-        self._ticket: int | None = None
+        self._due = 0.0
 
-    def start(self, join: Join, counter: int | None) -> None:
+    def start(self, join: Join, counter: int | None, now: float) -> None:
         """Tick while ``join`` waits, the heartbeat ``counter`` as the node last saw it
-        (``None``: the node is present through a session); the first tick at a random
-        point of the second half of the interval, so that nodes that started together
-        tick apart."""
-        with self._lock:
-            self._join = join
-            self._counter = self._presence.renewals if counter is None else counter
-        self._ticket = HEARTBEATS.start(
-            self._tick, self._interval, first=self._interval * random.uniform(0.5, 1.0)
-        )
+        (``None``: the node is present through a session)."""
+        self._join = join
+        self._counter = self._presence.renewals if counter is None else counter
+        self._due = now + self._interval * random.uniform(0.5, 1.0)
 
     def ask(self, join: Join) -> None:
         """The node now waits for ``join`` (a later round): posted again with it."""
-        with self._lock:
-            self._join = join
+        self._join = join
 
     def stop(self) -> None:
-        """No more ticks; returns once one under way is done with the office."""
-        if self._ticket is not None:
-            HEARTBEATS.stop(self._ticket)
-            self._ticket = None
-        with self._lock:
-            self._join = None
+        """No more ticks."""
+        self._join = None
 
-    def close(self) -> None:
-        """Done with the ticks' connection (the process's last node closes it)."""
-        if self._board is not None:
-            TICK_BOARDS.release(self._board)
-            self._board = None
+    def hurry(self) -> None:
+        """Tick at the next look, not an interval later."""
+        self._due = 0.0
 
-    def _tick(self) -> None:
-        round_ = -1
+    def wait(self, now: float, remaining: float) -> float:
+        """How long the node waits before its next tick, at most ``remaining`` seconds."""
+        return max(min(self._due - now, remaining), 0.0)
+
+    def tick_if_due(self, now: float) -> None:
+        """Tick, if the interval passed (a tick that fell behind is not caught up)."""
+        if self._join is None or now < self._due:
+            return
+        after = self._due + self._interval
+        self._due = after if after > now else now + self._interval
         try:
-            if self._board is None:
-                self._board = TICK_BOARDS.acquire(self._node_board)
-            board = self._board
-            present = self._presence.offered
-            counter = self._presence.renewals if present else board.beat(self._node)
-            with self._lock:
-                if self._join is None:
-                    return  # the node has its outcome, or gave up
-                round_ = self._join.round
-                found_dead = counter != self._counter if present else counter <= self._counter
-                self._counter = counter
-                self._office.watch(time.monotonic(), rejoin=self._join, board=board)
-                if found_dead:
-                    self._rejoin(self._join, board)
+            self._tick(self._join, now)
         except RendezvousError as exc:
             # The node's own wait meets the same store, and fails or times out.
-            _warn(self._node_board.run_id, self._node, round_, f"a tick failed: {exc}")
+            _warn(self._board.run_id, self._node, self._join.round, f"a tick failed: {exc}")
 
-    def _rejoin(self, join: Join, board: RendezvousBoard) -> None:
-        """Post ``join`` again: the steward found this node dead and dropped it."""
-        log_event(
-            log,
-            logging.WARNING,
-            "rejoining",
-            f"{self._node} was found gone while it waited; it joins again",
-            run_id=board.run_id,
-            node=self._node,
-            round_=join.round,
-        )
-        self._office.post(join, board)
+    def _tick(self, join: Join, now: float) -> None:
+        board = self._board
+        present = self._presence.offered
+        counter = self._presence.renewals if present else board.beat(self._node)
+        found_dead = counter != self._counter if present else counter <= self._counter
+        self._counter = counter
+        self._office.watch(now, rejoin=join)
+        if found_dead:
+            log_event(
+                log,
+                logging.WARNING,
+                "rejoining",
+                f"{self._node} was found gone while it waited; it joins again",
+                run_id=board.run_id,
+                node=self._node,
+                round_=join.round,
+            )
+            self._office.post(join)
 
 
 def _warn(run_id: str, node: _NodeDesc, round_: int, message: str) -> None:

@@ -1,11 +1,15 @@
 """A node's presence: a store session whose end tells the steward the node is gone.
 
 At its first rendezvous a node opens a store session (timeout: the liveness
-bound), writes its presence key through it (``present/<node>``, holding a
-random token of that session) and leaves a will that pushes
-``{"op": "gone", "node": ..., "token": ...}`` into the mailbox. The process's
-scheduler thread pings the session every ``keep_alive_interval``: a ping is
-not a store write, and nobody reads anything per node while a job trains.
+bound) on its own store connection, writes its presence key through it
+(``present/<node>``, holding a random token of that session) and leaves a
+will that pushes ``{"op": "gone", "node": ..., "token": ...}`` into the
+mailbox. The session costs the store server no connection more: a node holds
+one connection, whatever it does. The process's scheduler thread pings the
+session every ``keep_alive_interval`` (a ping is not a store write, and
+nobody reads anything per node while a job trains); while the node's own
+thread uses the connection (it waits for its round in slices), that thread's
+frames keep the session alive instead.
 
 When the process dies the kernel closes its sockets and the store ends the
 session at once; when it freezes past the timeout the store ends it then.
@@ -13,11 +17,6 @@ Either way the presence key goes and the will wakes the steward. A node that
 was only frozen finds its session ended at its next ping: it opens a new one
 (a new token, so the steward ignores the old session's departure if it comes
 late) and, if it waits for a round, posts its join again.
-
-The nodes of one run in one process are present through one session
-(:mod:`.shared`: a process lives and dies whole), each with its own key, token
-and will; a node that leaves while others stay deletes its key and posts its
-departure itself, as the session's end would.
 
 Stores without sessions (PyTorch's TCPStore, FileStore, most user stores)
 keep heartbeat counters instead; :meth:`NodePresence.open` says which.
@@ -30,13 +29,10 @@ import logging
 import secrets
 import threading
 
-from tp_rdzv_api import RendezvousError
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
-from tp_store import StoreError
-
-from .shared import PRESENCE_SESSIONS, SharedSession
+from tp_store import StoreError, StoreSession
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +44,7 @@ class NodePresence:
     thread keeps it alive.
 
     Args:
-        board: the node's board (the session has a connection of its own, shared
-            with the other nodes of the run in this process).
+        board: the node's board (the session lives on its connection).
         node: this node.
         timeout: the liveness bound, in seconds.
     """
@@ -59,8 +54,7 @@ class NodePresence:
         self._node = node
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._shared: SharedSession | None = None
-        self._token = ""
+        self._session: StoreSession | None = None
         self._offered: bool | None = None  # unknown until the first open
         #: How many times the session was replaced after the store ended it.
         self.renewals = 0
@@ -69,6 +63,12 @@ class NodePresence:
     def offered(self) -> bool:
         """Whether the store offers sessions (false until :meth:`open` found out)."""
         return bool(self._offered)
+
+    @property
+    def present(self) -> bool:
+        """Whether this node is present through a session now."""
+        session = self._session
+        return session is not None and not session.ended
 
     def open(self) -> bool:
         """Be present, if the store offers sessions; whether it does.
@@ -89,14 +89,13 @@ class NodePresence:
         opened; the next call tries again.
         """
         with self._lock:
-            shared = self._shared
-            if shared is not None:
+            session = self._session
+            if session is not None:
                 try:
-                    shared.keep_alive()
+                    session.keep_alive()
                     return
                 except StoreError as exc:
-                    self._shared = None
-                    PRESENCE_SESSIONS.release(shared)
+                    self._session = None
                     log_event(
                         log,
                         logging.WARNING,
@@ -110,25 +109,23 @@ class NodePresence:
                 self.renewals += 1
 
     def close(self) -> None:
-        """End the presence: the key goes and the steward is told the node is gone."""
+        """End the presence: the store deletes the key and tells the steward the node is gone."""
         with self._lock:
-            shared, self._shared = self._shared, None
-        if shared is None or PRESENCE_SESSIONS.release(shared):
-            return  # closed with the session: the store did both
-        # Other nodes of this process stay present through the session.
-        with contextlib.suppress(RendezvousError):
-            self._board.be_absent(self._node, self._token)
+            session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(StoreError):
+                session.close()
 
     def _open(self) -> None:
-        """Be present through this process's session (the lock held)."""
-        shared = PRESENCE_SESSIONS.acquire(self._board, self._timeout)
-        self._offered = shared is not None
-        if shared is None:
+        """Open a session and be present through it (the lock held)."""
+        session = self._board.attach_session(self._timeout, "this node's presence session")
+        self._offered = session is not None
+        if session is None:
             return
-        token = secrets.token_hex(16)
         try:
-            self._board.be_present(shared.session, self._node, token)
+            self._board.be_present(session, self._node, secrets.token_hex(16))
         except BaseException:
-            PRESENCE_SESSIONS.release(shared)
+            with contextlib.suppress(StoreError):
+                session.close()
             raise
-        self._shared, self._token = shared, token
+        self._session = session

@@ -69,15 +69,13 @@ class StewardOffice:
         steward = self._steward
         return steward is not None and steward.running
 
-    def post(self, join: Join, board: RendezvousBoard | None = None) -> None:
-        """Post ``join`` to the steward in office (through ``board``, by default the node's)."""
+    def post(self, join: Join) -> None:
+        """Post ``join`` to the steward in office."""
         with self._lock:
-            (board or self._board).post(join)
+            self._board.post(join)
             self._posted_epoch = self._epoch
 
-    def watch(
-        self, now: float, rejoin: Join | None = None, board: RendezvousBoard | None = None
-    ) -> Lease:
+    def watch(self, now: float, rejoin: Join | None = None) -> Lease:
         """Read the lease; take it when vacant, ours without a thread, or frozen too long.
 
         ``now`` is this host's monotonic time. If a new steward took office
@@ -87,7 +85,7 @@ class StewardOffice:
         the lease as it stands afterwards.
         """
         with self._lock:
-            return self._watch(now, rejoin, board or self._board)
+            return self._watch(now, rejoin, self._board)
 
     def _watch(self, now: float, rejoin: Join | None, board: RendezvousBoard) -> Lease:
         lease = board.read_lease()
@@ -110,7 +108,7 @@ class StewardOffice:
             )
             lease = self._take(board, lease, now, suspect=lease.holder)
         if rejoin is not None and self._posted_epoch != self._epoch:
-            self.post(rejoin, board)
+            self.post(rejoin)
         return lease
 
     def stop(self, waker: RendezvousBoard | None = None) -> None:

@@ -1,10 +1,12 @@
-"""Store sessions of a ``TCPStore``: the ``SESSION_*`` extension on a connection of their own.
+"""Store sessions of a ``TCPStore``: the ``SESSION_*`` extension.
 
-The session's connection is a clone of the store's that never reconnects: a
-new connection would be a new session on the server. Once that connection
-breaks (or a request on it times out, which closes it) the server ends the
-session, and every later call raises
-:class:`~tp_store.errors.SessionExpiredError`.
+A session lives on a connection: a clone of the store's that never
+reconnects (``open_session``: a new connection would be a new session on the
+server), or the store handle's own (``attach_session``: no connection more;
+the handle reconnects for its other calls, but the session stays with the
+connection it was opened on). Once that connection breaks (or a request on it
+times out, which closes it) the server ends the session, and every later call
+raises :class:`~tp_store.errors.SessionExpiredError`.
 """
 
 from __future__ import annotations
@@ -39,22 +41,32 @@ _PING_NONCE = os.getpid() & 0x3FFFFF
 class TCPSession(StoreSession):
     """A :class:`~tp_store.StoreSession` of a :class:`~tp_store.TCPStore` on a tp-store server.
 
-    ``link`` is the session's own connection, ``key_prefix`` what the store
-    puts before user keys. The server's session id is :attr:`id`.
+    ``link`` is the session's connection, its own or (``attached``) the store
+    handle's; ``key_prefix`` what the store puts before user keys. The
+    server's session id is :attr:`id`.
     """
 
-    def __init__(self, link: TCPStore, timeout: float, key_prefix: bytes) -> None:
+    def __init__(
+        self, link: TCPStore, timeout: float, key_prefix: bytes, *, attached: bool = False
+    ) -> None:
         super().__init__(timeout)
         self._link = link
         self._prefix = key_prefix
+        self._attached = attached
         self._end_cause = ""
         self._ended = False
         timeout_ms = max(round(timeout * 1000), 1)
         try:
             self.id = link._request(SessionOpen(timeout_ms).encode(), SessionOpen.reply)
         except BaseException:
-            link.close()
+            if not attached:
+                link.close()
             raise
+        # The connection the session lives on (an attached one's handle may reconnect).
+        self._connection = link.connections_made
+        if attached:
+            # Its waits are parked in slices: never silent for a whole timeout.
+            link.attached_session = self
 
     @property
     def ended(self) -> bool:
@@ -79,9 +91,19 @@ class TCPSession(StoreSession):
         self._call(lambda: self._link._send(request))
 
     def keep_alive(self) -> None:
-        """A PING on the session's connection; ``SessionExpiredError`` once it ended."""
+        """A PING on the session's connection; ``SessionExpiredError`` once it ended.
+
+        Attached, no PING while another call uses the connection: its frames
+        keep the session alive (its waits send one at least every third of
+        the timeout).
+        """
         request = Ping(_PING_NONCE).encode()
-        answer = self._call(lambda: self._link._request(request, Ping.reply))
+        if self._attached:
+            answer = self._call(lambda: self._link._request_unless_busy(request, Ping.reply))
+            if answer is None:
+                return
+        else:
+            answer = self._call(lambda: self._link._request(request, Ping.reply))
         if answer != _PING_NONCE:
             self._end(f"the store answered a PING with {answer!r}")
             raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
@@ -96,8 +118,9 @@ class TCPSession(StoreSession):
         if self._ended:
             return
         # A connection already gone: the server ends the session without it.
-        with contextlib.suppress(StoreConnectionError, StoreTimeoutError):
-            self._link._request(SessionClose().encode(), SessionClose.reply)
+        if self._on_its_connection():
+            with contextlib.suppress(StoreConnectionError, StoreTimeoutError):
+                self._link._request(SessionClose().encode(), SessionClose.reply)
         self._end("closed")
 
     def _key(self, key: Data) -> bytes:
@@ -107,8 +130,11 @@ class TCPSession(StoreSession):
         """Run ``request`` on the session's connection; a broken one ends the session."""
         if self._ended:
             raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
+        if not self._on_its_connection():
+            self._end("its connection was lost (the store handle reconnected)")
+            raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
         try:
-            return request()
+            result = request()
         except (StoreConnectionError, StoreTimeoutError) as exc:
             # The connection is closed now (a timed-out request closes it too):
             # the server ends the session, if it has not already.
@@ -118,11 +144,22 @@ class TCPSession(StoreSession):
                 self._link.host,
                 self._link.port,
             ) from exc
+        if not self._on_its_connection():
+            # Sent on a new connection: the session ended with the old one.
+            self._end("its connection was lost (the store handle reconnected)")
+            raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
+        return result
+
+    def _on_its_connection(self) -> bool:
+        return self._link.connections_made == self._connection
 
     def _end(self, cause: str) -> None:
         self._end_cause = cause
         self._ended = True
-        self._link.close()
+        if not self._attached:
+            self._link.close()
+        elif self._link.attached_session is self:
+            self._link.attached_session = None
 
     def __repr__(self) -> str:
         state = f"ended: {self._end_cause}" if self._ended else "open"

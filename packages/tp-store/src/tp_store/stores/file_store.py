@@ -118,16 +118,12 @@ class _Damage(NamedTuple):
     cut_short: bool
 
 
-def _batch_at(data: bytes, offset: int) -> tuple[list[_Record], int] | _Damage:
-    """The records of the batch (or of the unchecked record) at ``offset``, and its end."""
-    if not data.startswith(_CHECKSUM_HEAD, offset):
-        record = _record_at(data, offset, len(data))
-        if record is None:
-            return _Damage(offset, "a record cut short", cut_short=True)
-        key, value, end = record
-        if key == _CHECKSUM:
-            return _Damage(offset, "a malformed checksum record", cut_short=False)
-        return [(key, value)], end  # written by PyTorch or tp-store 0.1: no checksum
+def _batch_span(data: bytes, offset: int) -> tuple[int, int, int] | _Damage:
+    """Where the batch of the checksum record at ``offset`` starts and ends, and its CRC.
+
+    Only the checksum record is checked (its own checksum, the batch within
+    ``data``), not the batch.
+    """
     info = offset + len(_CHECKSUM_HEAD)
     start = info + _CHECKSUM_VALUE.size
     if start > len(data):
@@ -138,6 +134,23 @@ def _batch_at(data: bytes, offset: int) -> tuple[list[_Record], int] | _Damage:
     end = start + length
     if end > len(data):
         return _Damage(offset, "a batch cut short", cut_short=True)
+    return start, end, checksum
+
+
+def _batch_at(data: bytes, offset: int) -> tuple[list[_Record], int] | _Damage:
+    """The records of the batch (or of the unchecked record) at ``offset``, and its end."""
+    if not data.startswith(_CHECKSUM_HEAD, offset):
+        record = _record_at(data, offset, len(data))
+        if record is None:
+            return _Damage(offset, "a record cut short", cut_short=True)
+        key, value, end = record
+        if key == _CHECKSUM:
+            return _Damage(offset, "a malformed checksum record", cut_short=False)
+        return [(key, value)], end  # written by PyTorch or tp-store 0.1: no checksum
+    span = _batch_span(data, offset)
+    if isinstance(span, _Damage):
+        return span
+    start, end, checksum = span
     if zlib.crc32(memoryview(data)[start:end]) != checksum:
         return _Damage(offset, "a batch whose checksum does not match", cut_short=False)
     records: list[_Record] = []
@@ -164,11 +177,22 @@ def _parse(data: bytes) -> tuple[list[_Record], int, _Damage | None]:
 
 
 def _intact_batch_after(data: bytes, offset: int) -> bool:
-    """Whether an intact checksummed batch starts anywhere after ``offset``."""
+    """Whether an intact checksummed batch may start anywhere after ``offset``.
+
+    Each candidate costs a CRC of the batch its checksum record claims, and
+    candidates may overlap: the batches checked add up to the bytes after
+    ``offset`` at most, so a crafted file cannot make this quadratic. Past
+    that budget the answer is yes: the caller reports corruption and
+    truncates nothing.
+    """
+    budget = len(data) - offset
     position = data.find(_CHECKSUM_HEAD, offset + 1)
     while position >= 0:
-        if not isinstance(_batch_at(data, position), _Damage):
-            return True
+        span = _batch_span(data, position)
+        if not isinstance(span, _Damage):
+            budget -= span[1] - span[0]
+            if budget < 0 or not isinstance(_batch_at(data, position), _Damage):
+                return True
         position = data.find(_CHECKSUM_HEAD, position + 1)
     return False
 

@@ -256,6 +256,11 @@ class TCPStore(Store):
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._reconnects = True  # a store session's connection never does
+        #: Connections made so far: a session attached to one ends with it.
+        self.connections_made = 0
+        #: The session attached to this handle's connection: while it lives, no
+        #: wait stays parked longer than a third of its timeout without a frame.
+        self.attached_session: TCPSession | None = None
         self._recv_timeout = 0.0
         self._server: ServerThread | None = None
         self._stop_server: Callable[[], object] | None = None  # by close
@@ -413,6 +418,7 @@ class TCPStore(Store):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
         self._recv_timeout = store_timeout
         self._sock = sock
+        self.connections_made += 1
         session = self._session
         try:
             sock.sendall(session.hello())
@@ -555,8 +561,18 @@ class TCPStore(Store):
 
     def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Send a request and read its reply, within the store timeout."""
+        self._lock.acquire()
+        return self._request_locked(payload, reply, count)
+
+    def _request_unless_busy(self, payload: bytes, reply: ReplyFormat[_T]) -> _T | None:
+        """:meth:`_request`, or ``None`` at once while another call uses the connection."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        return self._request_locked(payload, reply, 0)
+
+    def _request_locked(self, payload: bytes, reply: ReplyFormat[_T], count: int) -> _T:
+        """:meth:`_request` with the lock just taken (released here)."""
         lock = self._lock
-        lock.acquire()
         try:
             sock = self._sock
             if sock is None or self._recv_timeout != self._timeout_seconds:
@@ -582,39 +598,68 @@ class TCPStore(Store):
         timeout: float,
         keys: Sequence[Data],
     ) -> _T:
-        """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout."""
+        """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout.
+
+        With a session attached to this connection the request is parked in
+        slices shorter than the session's timeout (cancelled and sent again):
+        a frame at least every slice keeps the session alive while its process
+        runs; a stopped process sends none, and its session expires.
+        """
         lock = self._lock
         lock.acquire()
         try:
-            sock = self._sock
-            if sock is None or self._recv_timeout != timeout:
-                sock = self._socket(timeout)
-            session = self._session
-            try:
-                sock.sendall(payload)
-                session.parked()
-                value = self._receive(sock, reply, count)
-                session.woken()
-                return value
-            except _TIMED_OUT:
-                pass
-            except (OSError, ProtocolError) as exc:
-                raise self._broken(exc, "a wait") from exc
-            try:
-                answered = self._cancel_wait(sock, reply, count)
-            except _TIMED_OUT as exc:
-                # No answer to the cancel within the store timeout (an overloaded
-                # or stopped server): the wait timed out, as asked. The replies
-                # are out of step now, so the next call reconnects.
-                self._disconnect()
-                raise timeout_error([as_bytes(key, "key") for key in keys], timeout) from exc
-            except (OSError, ProtocolError) as exc:
-                raise self._broken(exc, "cancelling a wait") from exc
-            if answered is not None:
-                return answered  # the wait was satisfied as it timed out
+            deadline = time.monotonic() + timeout
+            left = timeout
+            while True:
+                attached = self.attached_session
+                wait = left if attached is None else min(left, attached.timeout / 3)
+                answered = self._park(payload, reply, count, wait, keys=keys, asked=timeout)
+                if answered is not None:
+                    return answered
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
         finally:
             lock.release()
         raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
+
+    def _park(
+        self,
+        payload: bytes,
+        reply: ReplyFormat[_T],
+        count: int,
+        timeout: float,
+        *,
+        keys: Sequence[Data],
+        asked: float,
+    ) -> _T | None:
+        """Send a request the server may park; its reply, or None once ``timeout``
+        passed and the request was cancelled (lock held; ``asked``: the caller's
+        timeout, for the error)."""
+        sock = self._sock
+        if sock is None or self._recv_timeout != timeout:
+            sock = self._socket(timeout)
+        session = self._session
+        try:
+            sock.sendall(payload)
+            session.parked()
+            value = self._receive(sock, reply, count)
+            session.woken()
+            return value
+        except _TIMED_OUT:
+            pass
+        except (OSError, ProtocolError) as exc:
+            raise self._broken(exc, "a wait") from exc
+        try:
+            return self._cancel_wait(sock, reply, count)
+        except _TIMED_OUT as exc:
+            # No answer to the cancel within the store timeout (an overloaded
+            # or stopped server): the wait timed out, as asked. The replies
+            # are out of step now, so the next call reconnects.
+            self._disconnect()
+            raise timeout_error([as_bytes(key, "key") for key in keys], asked) from exc
+        except (OSError, ProtocolError) as exc:
+            raise self._broken(exc, "cancelling a wait") from exc
 
     def _cancel_wait(self, sock: socket.socket, reply: ReplyFormat[_T], count: int) -> _T | None:
         """Cancel the parked wait; its reply if it was satisfied meanwhile, else None."""
@@ -793,15 +838,41 @@ class TCPStore(Store):
         Raises :class:`~tp_store.UnsupportedOperationError` at once when the
         server is PyTorch's (it did not accept the protocol extensions).
         """
+        seconds = self._session_seconds(timeout)
+        link = self.clone()
+        link._reconnects = False
+        return TCPSession(link, seconds, USER_KEY_PREFIX)
+
+    def attach_session(self, timeout: Timeout) -> StoreSession:
+        """A store session on this handle's own connection: no connection more.
+
+        The session ends when this connection does (a reconnection does not
+        carry it over: later calls on the session raise
+        :class:`~tp_store.SessionExpiredError`). Every frame on the connection
+        keeps the session alive; its waits are parked in slices of a third of
+        the session's timeout, so a wait never silences it. ``keep_alive``
+        skips its PING while another call uses the connection (that call's
+        frames keep the session alive). Raises
+        :class:`~tp_store.UnsupportedOperationError` on PyTorch's server.
+        """
+        seconds = self._session_seconds(timeout)
+        return TCPSession(self, seconds, USER_KEY_PREFIX, attached=True)
+
+    def _session_seconds(self, timeout: Timeout) -> float:
         seconds = session_timeout_seconds(timeout)
-        if not self._session.extended:
+        # The extensions are negotiated per connection: read under the lock, once
+        # connected (another thread may be reconnecting: mid-handshake they read as
+        # not offered).
+        with self._lock:
+            if self._sock is None and self._reconnects:
+                self._socket(self._timeout_seconds)
+            extended = self._session.extended
+        if not extended:
             raise UnsupportedOperationError(
                 f"the server at {self.endpoint} does not offer store sessions "
                 "(not a tp-store server)"
             )
-        link = self.clone()
-        link._reconnects = False
-        return TCPSession(link, seconds, USER_KEY_PREFIX)
+        return seconds
 
     def clone(self) -> TCPStore:
         """A new client connection to the same server (never a master), with the same

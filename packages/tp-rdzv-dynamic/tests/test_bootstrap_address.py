@@ -1,0 +1,101 @@
+"""Where rank 0's workers' bootstrap store is: one document, read in one request."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tp_rdzv_api import RendezvousStateError, RendezvousStoreInfo
+from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.bootstrap_address import (
+    decode_bootstrap_address,
+    encode_bootstrap_address,
+)
+from tp_rdzv_dynamic.model.node_desc import MAX_ADDR_LENGTH
+from tp_store import FileStore, HashStore, Store, TCPStore
+
+WHERE = "key 'bootstrap/3'"
+_ADDRESSES = st.text(
+    st.characters(codec="utf-8", categories=("L", "N", "P", "S")), min_size=1, max_size=80
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(addr=_ADDRESSES, port=st.integers(1, 65535))
+def test_an_address_reads_back_as_it_was_published(addr: str, port: int):
+    info = RendezvousStoreInfo(addr, port)
+    raw = encode_bootstrap_address(info)
+    assert decode_bootstrap_address(raw, WHERE) == info
+    # Valid JSON in the documented format (other versions and backends read it).
+    assert json.loads(raw) == {
+        "format": "tp-rdzv-bootstrap",
+        "schema": 1,
+        "addr": addr,
+        "port": port,
+    }
+
+
+def _document(**fields: object) -> bytes:
+    base: dict[str, object] = {"format": "tp-rdzv-bootstrap", "schema": 1, "addr": "n", "port": 1}
+    return json.dumps({**base, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "complaint"),
+    [
+        (b"node0:29500", "JSON"),
+        (_document(port=0), "'port': expected 1 to 65535, got 0"),
+        (_document(port=65536), "'port'"),
+        (_document(port="29500"), "'port'"),
+        (_document(addr=""), "'addr'"),
+        (_document(addr="node0\nforged line"), "not printable"),
+        (_document(addr="a" * (MAX_ADDR_LENGTH + 1)), "'addr'"),
+        (_document(addr=["node0"]), "'addr'"),
+        (_document(format="tp-rdzv-answer"), "format"),
+    ],
+)
+def test_a_bad_address_is_a_state_error_naming_its_key(raw: bytes, complaint: str):
+    with pytest.raises(RendezvousStateError, match=complaint) as caught:
+        decode_bootstrap_address(raw, WHERE)
+    assert WHERE in str(caught.value)
+
+
+def test_a_node_reads_the_address_in_one_request_on_our_server(server: TCPStore):
+    published = RendezvousStoreInfo("node0.example", 29500)
+    rank0 = RendezvousBoard(server.clone(), "one")
+    other = RendezvousBoard(server.clone(), "one")
+    before = server.server_stats()["ops"]
+    rank0.publish_bootstrap(3, published)
+    found = other.await_bootstrap(3, 30)
+    after = server.server_stats()["ops"]
+    assert found == published
+    spent = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
+    assert spent == {"set": 1, "wait_get": 1, "stats": 1}  # the first STATS counts itself
+
+
+@pytest.fixture(params=["tcp", "hash", "file"])
+def any_store(request: pytest.FixtureRequest, server: TCPStore, tmp_path) -> Store:
+    """Our server, and stores without WAIT_GET (a wait then a get)."""
+    if request.param == "tcp":
+        return server.clone()
+    if request.param == "hash":
+        return HashStore()
+    return FileStore(str(tmp_path / "store"), 2)
+
+
+def test_a_node_waits_for_rank_0_on_any_store(any_store: Store):
+    published = RendezvousStoreInfo("node0.example", 29500)
+    rank0, other = RendezvousBoard(any_store, "any"), RendezvousBoard(any_store.clone(), "any")
+    assert other.await_bootstrap(5, 0.05) is None  # not yet published: None, not an error
+    assert not other.has_bootstrap(5)
+    publisher = threading.Timer(0.2, rank0.publish_bootstrap, (5, published))
+    publisher.start()
+    try:
+        assert other.await_bootstrap(5, 60) == published
+    finally:
+        publisher.join()
+    assert other.has_bootstrap(5)
