@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -38,13 +39,21 @@ pytestmark = pytest.mark.etcd
 ETCD_MIN_TTL = 2
 
 
-@pytest.fixture(params=["etcd-1", "etcd-3", "prefix-etcd-1", "gateway-etcd-1"])
+class _Attaching(EtcdStore):
+    """A handle whose sessions go through it (``attach_session``), as a node's presence does."""
+
+    def open_session(self, timeout: Any) -> Any:
+        return self.attach_session(timeout)
+
+
+@pytest.fixture(params=["etcd-1", "etcd-3", "prefix-etcd-1", "gateway-etcd-1", "attached-etcd-1"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     cluster = request.getfixturevalue("etcd3" if request.param == "etcd-3" else "etcd1")
     # Keep-alives on the process's gRPC stream by default; through the gateway as well.
     transport = "gateway" if request.param.startswith("gateway") else "auto"
+    kind = _Attaching if request.param.startswith("attached") else EtcdStore
     opener: Callable[[], Store] = functools.partial(
-        EtcdStore,
+        kind,
         cluster.endpoints,
         f"/sessions/{uuid.uuid4().hex}/",
         timeout=TIMEOUT,
@@ -60,13 +69,30 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 class TestEtcdSessions(StoreSessionContract):
     """The store-session contract on etcd (one and three members), also under a
-    PrefixStore, and with keep-alives through the JSON gateway."""
+    PrefixStore, with keep-alives through the JSON gateway, and attached to the
+    caller's handle."""
 
 
 @pytest.fixture
 def store(etcd1: LocalEtcd) -> Iterator[EtcdStore]:
     with EtcdStore(etcd1.endpoints, f"/sessions/{uuid.uuid4().hex}/", timeout=TIMEOUT) as opened:
         yield opened
+
+
+def test_an_attached_session_leaves_its_handle_open(store: EtcdStore) -> None:
+    session = store.attach_session(ETCD_MIN_TTL)
+    session.set("present/a", "1")
+    session.add_will("departures", "a gone")
+    store.set("plain", "2")  # the handle serves its other calls meanwhile
+    session.keep_alive()
+    assert store.get("present/a") == b"1"
+    session.close()
+    assert not store.check(["present/a"])
+    assert store.queue_pop("departures") == b"a gone"
+    # The handle outlives its session: it still reads, writes and waits.
+    store.set("after", "3")
+    assert store.wait_get("after", 5) == b"3"
+    assert store.get("plain") == b"2"
 
 
 # A session holder in a process of its own: it opens a session, writes a key and

@@ -56,14 +56,17 @@ _MIN_TTL_RENEWED_SOON = 10 * COALESCE
 class EtcdSession(StoreSession):
     """A store session whose presence is the etcd lease ``lease``.
 
-    Made by :meth:`tp_rdzv_etcd.EtcdStore.open_session`; ``store`` is a handle
-    of its own, closed with the session. ``timeout`` is the lease's TTL.
+    Made by :meth:`tp_rdzv_etcd.EtcdStore.open_session`, on a handle of its
+    own closed with the session (``owns_store``), or by
+    :meth:`~tp_rdzv_etcd.EtcdStore.attach_session`, on the caller's handle,
+    left open. ``timeout`` is the lease's TTL.
     """
 
-    def __init__(self, store: EtcdStore, lease: int, ttl: int) -> None:
+    def __init__(self, store: EtcdStore, lease: int, ttl: int, *, owns_store: bool = True) -> None:
         super().__init__(float(ttl))
         self.lease = lease
         self._store = store
+        self._owns_store = owns_store
         self._lock = threading.Lock()
         self._wills: list[Will] = []
         self._numbered = 0  # wills numbered so far (a failed add_will uses up its number)
@@ -73,7 +76,7 @@ class EtcdSession(StoreSession):
         self._renewed = time.monotonic()
 
     @classmethod
-    def grant(cls, store: EtcdStore, timeout: float) -> EtcdSession:
+    def grant(cls, store: EtcdStore, timeout: float, *, owns_store: bool = True) -> EtcdSession:
         """A session on a new lease with a TTL of ``timeout`` (rounded up) at least.
 
         A grant retried after a lost answer may leave an unused lease behind:
@@ -84,7 +87,7 @@ class EtcdSession(StoreSession):
         error = answer.get("error")
         if error:
             raise StoreError(f"etcd refused a lease of {timeout:g} s: {error}")
-        session = cls(store, int(answer["ID"]), int(answer["TTL"]))
+        session = cls(store, int(answer["ID"]), int(answer["TTL"]), owns_store=owns_store)
         session._renewed = asked
         return session
 
@@ -269,13 +272,17 @@ class EtcdSession(StoreSession):
                 self.timeout,
             )
         finally:
-            store.close()
+            self._release_store()
 
     def _renew_if_due(self) -> None:
         """Keep the lease alive if a third of its TTL passed since the last renewal."""
         self._check_open()
         if time.monotonic() - self._renewed > self.timeout / 3:
             self.keep_alive()
+
+    def _release_store(self) -> None:
+        if self._owns_store:
+            self._store.close()
 
     def _check_open(self) -> None:
         if self._ended:
@@ -287,7 +294,7 @@ class EtcdSession(StoreSession):
         """The lease is gone: the session has ended (its wills are pushed by readers)."""
         with self._lock:
             self._ended = True
-        self._store.close()
+        self._release_store()
         return self._error("expired: its lease is gone (silent for its timeout, or revoked)")
 
     def _error(self, what: str) -> SessionExpiredError:

@@ -137,29 +137,38 @@ class RaftTerm:
 
     def __init__(self) -> None:
         self.current = 0  # 0: none seen yet
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        # One event per call awaiting its answer: an answer wakes its own caller
+        # only (a shared condition woke every waiting thread at every answer).
+        self._waiting: set[threading.Event] = set()
 
     def saw(self, answer: Json) -> None:
         """Note the term in ``answer``'s header."""
         header = answer.get("header")
         term = int(header.get("raft_term", 0)) if isinstance(header, dict) else 0
         if term > self.current:
-            with self._changed:
-                if term > self.current:
-                    self.current = term
-                    self._changed.notify_all()
+            with self._lock:
+                if term <= self.current:
+                    return
+                self.current = term
+                waiting = list(self._waiting)
+            for woken in waiting:
+                woken.set()
 
     def await_answer(self, pending: Any, since: int) -> bool:
         """Wait for the call ``pending`` (a gRPC future) sent at term ``since``; whether it
         was answered (or failed), false if a newer term came first."""
-
-        def answered(_: Any) -> None:
-            with self._changed:
-                self._changed.notify_all()
-
-        pending.add_done_callback(answered)
-        with self._changed:
-            self._changed.wait_for(lambda: pending.done() or (since > 0 and self.current > since))
+        woken = threading.Event()
+        pending.add_done_callback(lambda _: woken.set())
+        with self._lock:
+            if since > 0 and self.current > since:
+                return bool(pending.done())
+            self._waiting.add(woken)
+        try:
+            woken.wait()
+        finally:
+            with self._lock:
+                self._waiting.discard(woken)
         return bool(pending.done())
 
 
@@ -170,7 +179,10 @@ def raft_term(endpoints: tuple[Endpoint, ...]) -> RaftTerm:
     """This process's :class:`RaftTerm` of the cluster at ``endpoints``."""
     key = (os.getpid(), endpoints)
     with _CHANNELS_LOCK:
-        return _TERMS.setdefault(key, RaftTerm())
+        term = _TERMS.get(key)
+        if term is None:
+            term = _TERMS[key] = RaftTerm()
+        return term
 
 
 class GrpcUnreachableError(StoreConnectionError):
