@@ -79,12 +79,15 @@ class RendezvousBoard:
             except UnsupportedOperationError:
                 return None
 
-    def attach_session(self, timeout: float, what: str) -> StoreSession | None:
+    def attach_session(
+        self, timeout: float, what: str, *, reconnect: bool = True
+    ) -> StoreSession | None:
         """:meth:`open_session` on this board's own connection (no connection more);
-        ``None`` if the store offers no sessions."""
+        ``None`` if the store offers no sessions. ``reconnect``: as
+        :meth:`tp_store.Store.attach_session`."""
         with self._store_errors(f"opening {what}"):
             try:
-                return self.store.attach_session(timeout)
+                return self.store.attach_session(timeout, reconnect=reconnect)
             except UnsupportedOperationError:
                 return None
 
