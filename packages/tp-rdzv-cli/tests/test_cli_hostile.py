@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import re
 import signal
 import socket
 import time
@@ -107,15 +108,21 @@ def test_ctrl_c_at_any_moment_ends_a_command_in_a_line(tp_rdzv, store, run_with,
     print(f"{command} after {delay} s: exit {code}, {seconds:.2f} s after SIGINT")
 
 
+#: A frame in one of our import packages (an editable install's finder is not one).
+_OUR_PACKAGE = re.compile(r"[/\\](tp_rdzv\w*|tp_store|tensorplay)[/\\]")
+
+
 def in_python_start_up(err: str) -> bool:
     """Whether SIGINT landed while CPython imported its ``site`` module, before any
     code of ours ran: CPython then reports a fatal error of its own, with a
-    traceback of frozen modules only (as ``python -c pass`` would)."""
+    traceback of its start-up only (as ``python -c pass`` would): frozen modules,
+    and the ``.pth`` hooks of site-packages (setuptools' ``_distutils_hack``, an
+    editable install's finder), never a module of ours."""
     lines = err.splitlines()
     frames = [line for line in lines if line.lstrip().startswith("File ")]
     return (
         bool(lines)
         and lines[0] == "Fatal Python error: init_import_site: Failed to import the site module"
         and lines[-1] == "KeyboardInterrupt"
-        and all('File "<frozen ' in frame for frame in frames)
+        and not any(_OUR_PACKAGE.search(frame) for frame in frames)
     )
