@@ -1,11 +1,8 @@
 """Requests to etcd's JSON gateway (``/v3/...``), failing over between members.
 
-Every call has a deadline (monotonic seconds). A member that cannot be reached
-is skipped for the next one; a member that answers "unavailable" (no leader,
-leader changed, request timed out: an election is under way) is retried after a
-short back-off, until the deadline. When no member can even be connected to
-for a few passes in a row, the call fails at once: waiting for the deadline
-would not bring a dead cluster back.
+Every call has a deadline (monotonic seconds). A member that cannot be reached,
+or answers "unavailable" (no leader, leader changed, request timed out: an
+election is under way), is skipped for the next one, as :mod:`.failover` says.
 
 A request that was sent but not answered (the member died while handling it)
 may or may not have been applied. Callers say whether a blind retry is safe
@@ -39,6 +36,8 @@ from urllib3.response import BaseHTTPResponse
 from tp_rdzv_etcd.endpoints import Endpoint
 from tp_store import StoreConnectionError, StoreError
 
+from .failover import Members, MemberUnavailable, NoMemberServed
+
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
@@ -58,10 +57,6 @@ _OLD_AUTH_REVISION = {
     3: "revision of auth store is old",
     2: "auth: revision in header is old",
 }
-#: Passes over every member, all unreachable, before a call gives up early.
-UNREACHABLE_PASSES = 3
-FIRST_BACKOFF = 0.05
-MAX_BACKOFF = 0.5
 #: Connections kept per member: a handle's heartbeat thread and its caller at once.
 _POOL_SIZE = 4
 # Ask the member to refuse a request, and cancel a watch, when it has no leader, so
@@ -87,15 +82,6 @@ class TlsFiles:
     key: str | None = None
 
 
-class _Unavailable(Exception):
-    """One member could not serve one request; the call may go on elsewhere."""
-
-    def __init__(self, message: str, *, reached: bool, ambiguous: bool) -> None:
-        super().__init__(message)
-        self.reached = reached  # the member was connected to
-        self.ambiguous = ambiguous  # the request may have been applied
-
-
 class EtcdGateway:
     """A thread-safe client of the members' JSON gateways, with failover.
 
@@ -117,7 +103,8 @@ class EtcdGateway:
     ) -> None:
         if not endpoints:
             raise ValueError("an etcd gateway needs at least one endpoint")
-        self.endpoints = tuple(endpoints)
+        self._members = Members(endpoints)
+        self.endpoints = self._members.endpoints
         self._credentials = credentials
         self._attempt_timeout = attempt_timeout
         tls = tls or TlsFiles()
@@ -132,7 +119,6 @@ class EtcdGateway:
             key_file=tls.key,
         )
         self._lock = threading.Lock()
-        self._current = 0
         self._token: str | None = None
 
     def close(self) -> None:
@@ -149,35 +135,22 @@ class EtcdGateway:
             StoreError: a member rejected the request (a bad request, no permission).
         """
         payload = json.dumps(body).encode()
-        backoff = FIRST_BACKOFF
-        unreachable_passes = 0
-        last = "no attempt"
-        while True:
-            reached_any = False
-            for endpoint in self._rotation():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._gave_up(path, f"no answer before the deadline ({last})")
-                try:
-                    answer = self._post(endpoint, path, payload, remaining)
-                except _Unavailable as exc:
-                    last = f"{endpoint}: {exc}"
-                    reached_any = reached_any or exc.reached
-                    if exc.ambiguous and not retry_ambiguous:
-                        raise AmbiguousResultError(
-                            f"etcd {path}: {last}", endpoint.host, endpoint.port
-                        ) from exc
-                    log.debug("etcd %s failed on %s: %s", path, endpoint, exc)
-                    continue
-                self._prefer(endpoint)
-                return answer
-            unreachable_passes = 0 if reached_any else unreachable_passes + 1
-            if unreachable_passes >= UNREACHABLE_PASSES:
-                raise self._gave_up(path, f"no member can be reached ({last})")
-            pause = min(backoff, deadline - time.monotonic())
-            if pause > 0:
-                time.sleep(pause)  # an election is under way, or members are restarting
-            backoff = min(backoff * 2, MAX_BACKOFF)
+
+        def attempt(endpoint: Endpoint, remaining: float) -> Json:
+            try:
+                return self._post(endpoint, path, payload, remaining)
+            except MemberUnavailable as exc:
+                if exc.ambiguous and not retry_ambiguous:
+                    raise AmbiguousResultError(
+                        f"etcd {path}: {endpoint}: {exc}", endpoint.host, endpoint.port
+                    ) from exc
+                log.debug("etcd %s failed on %s: %s", path, endpoint, exc)
+                raise
+
+        try:
+            return self._members.fail_over(attempt, deadline)
+        except NoMemberServed as exc:
+            raise self._gave_up(path, exc.why) from None
 
     def _gave_up(self, path: str, why: str) -> StoreConnectionError:
         members = ", ".join(map(str, self.endpoints))
@@ -185,15 +158,6 @@ class EtcdGateway:
         return StoreConnectionError(
             f"etcd ({members}) did not serve {path}: {why}", first.host, first.port
         )
-
-    def _rotation(self) -> list[Endpoint]:
-        with self._lock:
-            start = self._current
-        return [*self.endpoints[start:], *self.endpoints[:start]]
-
-    def _prefer(self, endpoint: Endpoint) -> None:
-        with self._lock:
-            self._current = self.endpoints.index(endpoint)
 
     def _post(self, endpoint: Endpoint, path: str, payload: bytes, remaining: float) -> Json:
         response = self._send(endpoint, path, payload, remaining, stream=False)
@@ -221,42 +185,24 @@ class EtcdGateway:
         Raises ``StoreConnectionError`` when no member can be reached.
         """
         payload = json.dumps({"create_request": create_request}).encode()
-        unreachable_passes = 0
-        backoff = FIRST_BACKOFF
-        last = "no attempt"
-        while True:
-            reached_any = False
-            for endpoint in self._rotation():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                try:
-                    response = self._send(endpoint, "/v3/watch", payload, remaining, stream=True)
-                except _Unavailable as exc:
-                    last = f"{endpoint}: {exc}"
-                    reached_any = reached_any or exc.reached
-                    continue
-                if response.status == 200:
-                    self._prefer(endpoint)
-                    return response
-                error = _decode_error(response.read())
-                response.close()
-                if _stale_token(error) and self._credentials is not None:
-                    self._authenticate(endpoint, remaining, stale=True)
-                    reached_any = True
-                    continue
-                failure = _failure(endpoint, "/v3/watch", response.status, error)
-                if isinstance(failure, StoreError):
-                    raise failure
-                last = f"{endpoint}: {failure}"
-                reached_any = True
-            unreachable_passes = 0 if reached_any else unreachable_passes + 1
-            if unreachable_passes >= UNREACHABLE_PASSES:
-                raise self._gave_up("/v3/watch", f"no member can be reached ({last})")
-            pause = min(backoff, deadline - time.monotonic())
-            if pause > 0:
-                time.sleep(pause)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+
+        def attempt(endpoint: Endpoint, remaining: float) -> BaseHTTPResponse:
+            response = self._send(endpoint, "/v3/watch", payload, remaining, stream=True)
+            if response.status == 200:
+                return response
+            error = _decode_error(response.read())
+            response.close()
+            if _stale_token(error) and self._credentials is not None:
+                self._authenticate(endpoint, remaining, stale=True)
+                raise MemberUnavailable("a stale auth token", reached=True, ambiguous=False)
+            raise _failure(endpoint, "/v3/watch", response.status, error)
+
+        try:
+            return self._members.fail_over(attempt, deadline)
+        except NoMemberServed as exc:
+            if exc.unreachable:
+                raise self._gave_up("/v3/watch", exc.why) from None
+            return None
 
     def first_events(
         self,
@@ -329,7 +275,9 @@ class EtcdGateway:
             )
         except (NewConnectionError, ConnectTimeoutError) as exc:
             # Nothing was sent: any request may go elsewhere.
-            raise _Unavailable(f"cannot connect: {exc}", reached=False, ambiguous=False) from exc
+            raise MemberUnavailable(
+                f"cannot connect: {exc}", reached=False, ambiguous=False
+            ) from exc
         except SSLError as exc:
             # Not retried elsewhere: every member of a cluster has the same
             # certificates, so the next would refuse the same way.
@@ -339,18 +287,20 @@ class EtcdGateway:
                 endpoint.port,
             ) from exc
         except ReadTimeoutError as exc:
-            raise _Unavailable(
+            raise MemberUnavailable(
                 f"no answer in {attempt:.1f} s", reached=True, ambiguous=True
             ) from exc
         except ProtocolError as exc:
             if not any(isinstance(arg, http.client.RemoteDisconnected) for arg in exc.args):
-                raise _Unavailable(f"connection lost: {exc}", reached=True, ambiguous=True) from exc
+                raise MemberUnavailable(
+                    f"connection lost: {exc}", reached=True, ambiguous=True
+                ) from exc
             # Closed without a byte of answer. The request may have been
             # applied (a member killed at that moment), but this member did
             # not serve it: like an unreachable one, it counts toward giving up
             # early. An https member does this to every plain-http request.
             hint = " (an https member does that to http: protocol https?)"
-            raise _Unavailable(
+            raise MemberUnavailable(
                 "closed the connection without answering"
                 + (hint if endpoint.scheme == "http" else ""),
                 reached=False,
@@ -358,7 +308,9 @@ class EtcdGateway:
             ) from exc
         except HTTPError as exc:
             # The connection broke after the request went out.
-            raise _Unavailable(f"connection lost: {exc}", reached=True, ambiguous=True) from exc
+            raise MemberUnavailable(
+                f"connection lost: {exc}", reached=True, ambiguous=True
+            ) from exc
 
     def _tls_hint(self, exc: SSLError) -> str:
         """What to check when a TLS failure may be a missing client certificate.
@@ -432,16 +384,16 @@ def _stale_token(error: Json) -> bool:
 
 
 def _failure(endpoint: Endpoint, path: str, status: int, error: Json) -> Exception:
-    """The exception for an error answer: ``_Unavailable`` if another try may work."""
+    """The exception for an error answer: ``MemberUnavailable`` if another try may work."""
     message = error.get("message") or error.get("error") or f"HTTP {status}"
     code = error.get("code")
     if message == "etcdserver: no leader":
         # Refused before it was handled (hasleader): it may go anywhere.
-        return _Unavailable("unavailable: no leader", reached=True, ambiguous=False)
+        return MemberUnavailable("unavailable: no leader", reached=True, ambiguous=False)
     if code in _TRANSIENT_CODES or (code is None and status >= 500):
         # The member was reached but cannot serve now; a write it accepted may
         # still be committed by the next leader.
-        return _Unavailable(f"unavailable: {message}", reached=True, ambiguous=True)
+        return MemberUnavailable(f"unavailable: {message}", reached=True, ambiguous=True)
     if code == _NOT_FOUND and _LEASE_NOT_FOUND in str(message):
         return LeaseNotFoundError(f"etcd {endpoint}: {path}: {message}")
     return StoreError(f"etcd {endpoint} rejected {path}: {message} (code {code}, HTTP {status})")

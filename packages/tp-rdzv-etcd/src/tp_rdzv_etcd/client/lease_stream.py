@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from tp_rdzv_etcd.endpoints import Endpoint
 
 from . import messages
 from .gateway import TlsFiles
+from .request_stream import queued_requests
 from .rpc import open_channel
 
 _METHOD = "/etcdserverpb.Lease/LeaseKeepAlive"
@@ -98,18 +99,11 @@ class _Stream:
         call = channel.stream_stream(
             _METHOD, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw
         )
-        self._answers = call(self._outgoing(), metadata=_METADATA)
+        self._answers = call(queued_requests(self._requests), metadata=_METADATA)
         self._on_end = on_end
         threading.Thread(
             target=self._read, name=f"tp-etcd-keepalive-{endpoint.port}", daemon=True
         ).start()
-
-    def _outgoing(self) -> Iterator[bytes]:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
-            yield request
 
     def send(self, leases: Sequence[tuple[int, _Waiter]]) -> None:
         """Send a keep-alive of each lease; its waiter settles with the answer."""

@@ -14,23 +14,15 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from tp_rdzv_etcd.endpoints import Endpoint
 from tp_store import StoreConnectionError, StoreError
 
 from . import messages
-from .gateway import (
-    FIRST_BACKOFF,
-    MAX_BACKOFF,
-    UNREACHABLE_PASSES,
-    AmbiguousResultError,
-    Json,
-    LeaseNotFoundError,
-    TlsFiles,
-)
+from .failover import Members, MemberUnavailable, NoMemberServed
+from .gateway import AmbiguousResultError, Json, LeaseNotFoundError, TlsFiles
 from .watch_stream import StreamBroken, Watch, shared_stream
 
 try:
@@ -172,6 +164,8 @@ class RaftTerm:
         return bool(pending.done())
 
 
+_T = TypeVar("_T")
+
 _TERMS: dict[tuple[int, tuple[Endpoint, ...]], RaftTerm] = {}
 
 
@@ -201,15 +195,6 @@ def unary(endpoint: Endpoint, tls: TlsFiles, method: str) -> Any:
     return found
 
 
-class _Failed(Exception):
-    """One member could not serve one request; the call may go on elsewhere."""
-
-    def __init__(self, message: str, *, reached: bool, ambiguous: bool) -> None:
-        super().__init__(message)
-        self.reached = reached
-        self.ambiguous = ambiguous
-
-
 def _status(exc: Exception) -> tuple[int, str]:
     """The gRPC status code and details of a failed call."""
     code = getattr(exc, "code", None)
@@ -220,19 +205,21 @@ def _status(exc: Exception) -> tuple[int, str]:
 
 
 def _failure(endpoint: Endpoint, path: str, exc: Exception) -> Exception:
-    """The exception for a failed call: ``_Failed`` if another member may serve it."""
+    """The exception for a failed call: ``MemberUnavailable`` if another member may serve it."""
     code, details = _status(exc)
     if code == _UNAVAILABLE and not details.startswith("etcdserver:"):
         # grpc's own: no connection could be made (nothing sent), or it broke.
         never_sent = "connect" in details.lower() or "dns" in details.lower()
-        return _Failed(f"unavailable: {details}", reached=not never_sent, ambiguous=not never_sent)
+        return MemberUnavailable(
+            f"unavailable: {details}", reached=not never_sent, ambiguous=not never_sent
+        )
     if details == "etcdserver: no leader":
         # Refused before it was handled (hasleader): it may go anywhere.
-        return _Failed("unavailable: no leader", reached=True, ambiguous=False)
+        return MemberUnavailable("unavailable: no leader", reached=True, ambiguous=False)
     if code in (_UNAVAILABLE, _DEADLINE, _ABORTED):
         # No leader, leader changed, timed out: reached, and a write it took may
         # still be committed by the next leader.
-        return _Failed(f"unavailable: {details}", reached=True, ambiguous=True)
+        return MemberUnavailable(f"unavailable: {details}", reached=True, ambiguous=True)
     if code == _NOT_FOUND and _LEASE_NOT_FOUND in details:
         return LeaseNotFoundError(f"etcd {endpoint}: {path}: {details}")
     return StoreError(f"etcd {endpoint} rejected {path}: {details} (gRPC code {code})")
@@ -253,72 +240,39 @@ class EtcdRpc:
     ) -> None:
         if grpc is None:
             raise ValueError("the gRPC transport needs grpcio (pip install grpcio)")
-        self.endpoints = tuple(endpoints)
+        self._members = Members(endpoints)
+        self.endpoints = self._members.endpoints
         self._tls = tls
         self._attempt_timeout = attempt_timeout
-        self._lock = threading.Lock()
-        self._current = 0
         self._term = raft_term(self.endpoints)
 
     def close(self) -> None:
         """Nothing of its own to close: the channels are the process's."""
 
-    def _rotation(self) -> list[Endpoint]:
-        with self._lock:
-            start = self._current
-        return [*self.endpoints[start:], *self.endpoints[:start]]
+    def _fail_over(
+        self, path: str, deadline: float, attempt: Callable[[Endpoint, float], _T]
+    ) -> _T | None:
+        """``attempt`` on the members in turn (:meth:`.failover.Members.fail_over`);
+        ``None`` once ``deadline`` passes.
 
-    def _prefer(self, endpoint: Endpoint) -> None:
-        with self._lock:
-            self._current = self.endpoints.index(endpoint)
+        Raises:
+            GrpcUnreachableError: no member could be reached over gRPC.
+        """
+        try:
+            return self._members.fail_over(attempt, deadline)
+        except NoMemberServed as exc:
+            if not exc.unreachable:
+                return None
+            raise self._did_not_serve(path, exc.why, GrpcUnreachableError) from None
 
-    def _gave_up(self, path: str, why: str) -> StoreConnectionError:
+    def _did_not_serve(
+        self, path: str, why: str, kind: type[StoreConnectionError] = StoreConnectionError
+    ) -> StoreConnectionError:
         members = ", ".join(map(str, self.endpoints))
         first = self.endpoints[0]
-        return StoreConnectionError(
+        return kind(
             f"etcd ({members}) did not serve {path} over gRPC: {why}", first.host, first.port
         )
-
-    def _failing_over(
-        self, path: str, deadline: float, attempt: Callable[[Endpoint, float], Any]
-    ) -> Any:
-        """``attempt(member, seconds)`` on the members in turn until one serves it.
-
-        ``_Failed`` moves on to the next member (after a back-off once every
-        member failed); three passes on which no member could be reached end
-        the call. ``None`` once ``deadline`` passes.
-        """
-        backoff = FIRST_BACKOFF
-        unreachable_passes = 0
-        last = "no attempt"
-        while True:
-            reached_any = False
-            for endpoint in self._rotation():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                try:
-                    answer = attempt(endpoint, remaining)
-                except _Failed as exc:
-                    last = f"{endpoint}: {exc}"
-                    reached_any = reached_any or exc.reached
-                    continue
-                self._prefer(endpoint)
-                return answer
-            unreachable_passes = 0 if reached_any else unreachable_passes + 1
-            if unreachable_passes >= UNREACHABLE_PASSES:
-                members = ", ".join(map(str, self.endpoints))
-                first = self.endpoints[0]
-                raise GrpcUnreachableError(
-                    f"etcd ({members}) did not serve {path} over gRPC: no member can be "
-                    f"reached ({last})",
-                    first.host,
-                    first.port,
-                )
-            pause = min(backoff, deadline - time.monotonic())
-            if pause > 0:
-                time.sleep(pause)  # an election is under way, or members are restarting
-            backoff = min(backoff * 2, MAX_BACKOFF)
 
     # -- unary calls -------------------------------------------------------------
     def call(self, path: str, body: Json, deadline: float, *, retry_ambiguous: bool = True) -> Json:
@@ -343,15 +297,21 @@ class EtcdRpc:
                     pending = stub.future(payload, timeout=timeout, metadata=_HAS_LEADER)
                     if not self._term.await_answer(pending, term):
                         pending.cancel()
-                        raise _Failed(
+                        raise MemberUnavailable(
                             f"abandoned: a new leader was elected (raft term {self._term.current})",
                             reached=True,
                             ambiguous=True,
                         )
                     raw = pending.result()
             except Exception as exc:  # grpc.RpcError, or abandoned
-                failure = exc if isinstance(exc, _Failed) else _failure(endpoint, path, exc)
-                if isinstance(failure, _Failed) and failure.ambiguous and not retry_ambiguous:
+                failure = (
+                    exc if isinstance(exc, MemberUnavailable) else _failure(endpoint, path, exc)
+                )
+                if (
+                    isinstance(failure, MemberUnavailable)
+                    and failure.ambiguous
+                    and not retry_ambiguous
+                ):
                     raise AmbiguousResultError(
                         f"etcd {path}: {endpoint}: {failure}", endpoint.host, endpoint.port
                     ) from exc
@@ -365,9 +325,9 @@ class EtcdRpc:
             self._term.saw(answer)
             return answer
 
-        answer = self._failing_over(path, deadline, attempt)
+        answer = self._fail_over(path, deadline, attempt)
         if answer is None:
-            raise self._gave_up(path, "no answer before the deadline")
+            raise self._did_not_serve(path, "no answer before the deadline")
         return dict(answer)
 
     # -- watches -----------------------------------------------------------------
@@ -389,13 +349,13 @@ class EtcdRpc:
             try:
                 watch = shared_stream(endpoint, self._tls, shared_channel).open(create_request)
             except StreamBroken as exc:
-                raise _Failed(str(exc), reached=exc.reached, ambiguous=False) from exc
+                raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
             try:
                 return self._read_on(watch, deadline, keep, park)
             except StreamBroken as exc:
-                raise _Failed(str(exc), reached=exc.reached, ambiguous=False) from exc
+                raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
 
-        return self._failing_over(_WATCH, deadline, attempt)  # type: ignore[no-any-return]
+        return self._fail_over(_WATCH, deadline, attempt)
 
     def resume(
         self,

@@ -18,13 +18,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from tp_rdzv_etcd.endpoints import Endpoint
 
 from . import messages
 from .gateway import Json, TlsFiles
+from .request_stream import queued_requests
 
 _WATCH = "/etcdserverpb.Watch/Watch"
 #: Ask the member to end the stream when it loses its leader, so watches go elsewhere.
@@ -54,7 +55,7 @@ class WatchStream:
         self._ids = itertools.count(1)
         self._ended: str | None = None
         call = channel.stream_stream(_WATCH)
-        self._answers = call(self._outgoing(), metadata=_HAS_LEADER)
+        self._answers = call(queued_requests(self._requests), metadata=_HAS_LEADER)
         threading.Thread(
             target=self._read, name=f"tp-etcd-watch-{endpoint.port}", daemon=True
         ).start()
@@ -62,13 +63,6 @@ class WatchStream:
     @property
     def ended(self) -> bool:
         return self._ended is not None
-
-    def _outgoing(self) -> Iterator[bytes]:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
-            yield request
 
     def _read(self) -> None:
         why = "the watch stream ended"
