@@ -130,7 +130,16 @@ class EtcdSession(StoreSession):
         The will's record and its lease-attached mark are written in one
         transaction, so a will exists in etcd only with a live lease.
         """
-        raw_queue, raw_value = as_bytes(queue, "queue"), as_bytes(value)
+        self._write_will([], as_bytes(queue, "queue"), as_bytes(value))
+
+    def set_with_will(self, key: Data, value: Data, queue: Data, will: Data) -> None:
+        """:meth:`set` and :meth:`add_will` in one transaction."""
+        etcd_key = self._store._layout.value(as_bytes(key, "key"))
+        put = {"key": b64(etcd_key), "value": b64(as_bytes(value)), "lease": str(self.lease)}
+        self._write_will([{"request_put": put}], as_bytes(queue, "queue"), as_bytes(will))
+
+    def _write_will(self, also: list[Json], raw_queue: bytes, raw_value: bytes) -> None:
+        """One transaction: the puts ``also``, then a will's record and mark."""
         layout = self._store._layout
         with self._lock:
             if len(self._wills) >= self._max_wills:
@@ -140,6 +149,7 @@ class EtcdSession(StoreSession):
         self._renew_if_due()
         record = layout.will_record(raw_queue, self.lease, number)
         puts: list[Json] = [
+            *also,
             {"request_put": {"key": b64(record), "value": b64(raw_value)}},
             {
                 "request_put": {

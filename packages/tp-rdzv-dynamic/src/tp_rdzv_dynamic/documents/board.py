@@ -97,8 +97,7 @@ class RendezvousBoard:
         session lives, and the session's will tells the steward it is gone."""
         gone = encode_message(Gone(node, token))
         with self._store_errors("announcing this node's presence"):
-            session.set(self.keys.presence(node.key), token)
-            session.add_will(self.keys.mailbox, gone)
+            session.set_with_will(self.keys.presence(node.key), token, self.keys.mailbox, gone)
 
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.

@@ -78,6 +78,15 @@ class StoreSession(abc.ABC):
         Wills are pushed in the order they were added.
         """
 
+    def set_with_will(self, key: Data, value: Data, queue: Data, will: Data) -> None:
+        """:meth:`set` ``key`` and :meth:`add_will` ``will`` onto ``queue``, as one step.
+
+        One request on a store that can (etcd: one transaction), so that a
+        client's presence and the notice of its departure cost one.
+        """
+        self.set(key, value)
+        self.add_will(queue, will)
+
     @abc.abstractmethod
     def keep_alive(self) -> None:
         """Tell the store this session is alive (a cheap ping, not a write).

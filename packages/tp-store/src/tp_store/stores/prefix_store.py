@@ -193,6 +193,12 @@ class _PrefixSession(StoreSession):
         """Push ``value`` onto the prefixed ``queue`` when the session ends."""
         self._session.add_will(self._key(queue), as_bytes(value))
 
+    def set_with_will(self, key: Data, value: Data, queue: Data, will: Data) -> None:
+        """``set_with_will`` of the prefixed ``key`` and ``queue``, as one step below."""
+        self._session.set_with_will(
+            self._key(key), as_bytes(value), self._key(queue), as_bytes(will)
+        )
+
     def keep_alive(self) -> None:
         """Keep the underlying session alive."""
         self._session.keep_alive()

@@ -66,6 +66,22 @@ class StoreSessionContract:
         assert pushed(observer, "departures") == [b"a really left"]
         assert session.ended
 
+    def test_set_with_will_is_a_set_and_a_will(self, harness: Harness) -> None:
+        store, observer = harness.store, harness.handle()
+        session = store.open_session(LONG)
+        session.add_will("departures", "a left")
+        session.set_with_will("present/a", "token", "departures", "a really left")
+        assert observer.get("present/a") == b"token"
+        popper = Call(lambda: (observer.queue_pop("departures"), observer.check(["present/a"])))
+        popper.assert_blocked()
+        session.close()
+        # Its key is owned by the session, its will pushed after the earlier one.
+        assert popper.outcome() == (b"a left", False)
+        assert pushed(observer, "departures") == [b"a really left"]
+        with pytest.raises(SessionExpiredError):
+            session.set_with_will("present/a", "again", "departures", "again")
+        assert not observer.check(["present/a"])
+
     def test_close_is_idempotent_and_ends_every_use(self, store: Store) -> None:
         session = store.open_session(LONG)
         session.add_will("departures", "gone")
