@@ -13,6 +13,8 @@ import pickle
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -108,21 +110,42 @@ def test_ctrl_c_at_any_moment_ends_a_command_in_a_line(tp_rdzv, store, run_with,
     print(f"{command} after {delay} s: exit {code}, {seconds:.2f} s after SIGINT")
 
 
+def test_the_entry_module_loads_nothing_before_it_catches_ctrl_c() -> None:
+    # What in_python_start_up excuses: loading tp_rdzv_cli.main itself, which must
+    # import nothing beyond its package (the command's modules load under its guard).
+    probe = (
+        "import sys; before = set(sys.modules); import tp_rdzv_cli.main; "
+        "print(' '.join(sorted(set(sys.modules) - before)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert set(loaded) <= {"tp_rdzv_cli", "tp_rdzv_cli.__about__", "tp_rdzv_cli.main"}, loaded
+
+
 #: A frame in one of our import packages (an editable install's finder is not one).
 _OUR_PACKAGE = re.compile(r"[/\\](tp_rdzv\w*|tp_store|tensorplay)[/\\]")
+#: A frame of what Python loads before tp-rdzv's first statement of its own: the
+#: module level of the entry module and its package (they import only ``sys``).
+_ENTRY_LOADING = re.compile(
+    r'[/\\]tp_rdzv_cli[/\\](__init__|__about__|main)\.py", line \d+, in <module>'
+)
+_SITE_FAILED = "Fatal Python error: init_import_site: Failed to import the site module"
 
 
 def in_python_start_up(err: str) -> bool:
-    """Whether SIGINT landed while CPython imported its ``site`` module, before any
-    code of ours ran: CPython then reports a fatal error of its own, with a
-    traceback of its start-up only (as ``python -c pass`` would): frozen modules,
-    and the ``.pth`` hooks of site-packages (setuptools' ``_distutils_hack``, an
-    editable install's finder), never a module of ours."""
+    """Whether SIGINT landed before any code of ours ran: while CPython imported
+    its ``site`` module (a fatal error of its own, as ``python -c pass`` would
+    report; the ``.pth`` hooks of site-packages among its frames), or while it
+    loaded ``tp-rdzv``'s entry module (``tp_rdzv_cli.main``, which imports
+    nothing but ``sys`` before it catches Ctrl-C): a traceback in which every
+    frame of ours is that module level."""
     lines = err.splitlines()
     frames = [line for line in lines if line.lstrip().startswith("File ")]
+    ours = [frame for frame in frames if _OUR_PACKAGE.search(frame)]
     return (
         bool(lines)
-        and lines[0] == "Fatal Python error: init_import_site: Failed to import the site module"
+        and lines[0] in (_SITE_FAILED, "Traceback (most recent call last):")
         and lines[-1] == "KeyboardInterrupt"
-        and not any(_OUR_PACKAGE.search(frame) for frame in frames)
+        and all(_ENTRY_LOADING.search(frame) for frame in ours)
     )
