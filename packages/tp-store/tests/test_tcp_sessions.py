@@ -30,7 +30,6 @@ from tp_store import (
     PrefixStore,
     SessionExpiredError,
     Store,
-    StoreConnectionError,
     StoreTimeoutError,
     TCPStore,
 )
@@ -480,25 +479,6 @@ def test_an_attached_session_ends_with_its_connection(plain: Served) -> None:
         session.set("k", "v")
     store.set("k", "v")
     assert store.get("k") == b"v"
-    store.close()
-
-
-def test_an_attached_session_without_reconnect_leaves_a_lost_connection_down(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A background thread (a node's keep-alive) must not hold the handle through
-    # reconnection retries that last the store timeout: it is told at once.
-    with server_thread("asyncio", monkeypatch) as thread:
-        store = TCPStore("127.0.0.1", thread.server.port, timeout=LONG)
-        store.set("k", "v")
-    with pytest.raises(StoreConnectionError):
-        store.get("k")  # the server is gone: the connection is found lost
-    made = store.connections_made
-    with pytest.raises(StoreConnectionError, match="is down"):
-        store.attach_session(LONG, reconnect=False)
-    with pytest.raises(StoreConnectionError, match="is down"):
-        PrefixStore("run", store).attach_session(LONG, reconnect=False)
-    assert store.connections_made == made  # no connection was tried
     store.close()
 
 

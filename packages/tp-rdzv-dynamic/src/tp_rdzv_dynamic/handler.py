@@ -463,11 +463,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """The keep-alive tick, on the scheduler's thread: a ping of the presence
         session; without sessions a heartbeat, and the deputies' look at the lease."""
         if self._presence.offered:
-            # Never a reconnection here: that retries for the store timeout holding
-            # the node's connection, and the agent's own calls (num_nodes_waiting)
-            # would wait behind it before their own retries. The node's next call
-            # reconnects; the next beat then opens a new session.
-            self._presence.keep_alive(reconnect=False)
+            self._presence.keep_alive()
             return
         self._board.beat(self._node)
         if self._deputy:

@@ -312,14 +312,13 @@ class EtcdStore(Store):
         """
         return EtcdSession.grant(self.clone(), session_timeout_seconds(timeout))
 
-    def attach_session(self, timeout: Timeout, *, reconnect: bool = True) -> StoreSession:
+    def attach_session(self, timeout: Timeout) -> StoreSession:
         """A store session on an etcd lease, through this handle (as :meth:`open_session`).
 
         An etcd lease belongs to no connection, and this handle's requests and
         watches are thread-safe: the session needs no handle of its own (a
         clone per node cost a node a gateway pool and a gRPC client more).
-        Closing the session leaves this handle open. ``reconnect`` changes
-        nothing: gRPC channels reconnect by themselves.
+        Closing the session leaves this handle open.
         """
         return EtcdSession.grant(self, session_timeout_seconds(timeout), owns_store=False)
 

@@ -274,18 +274,13 @@ class Store:
         """
         raise UnsupportedOperationError(f"{type(self).__name__} does not offer store sessions")
 
-    def attach_session(self, timeout: Timeout, *, reconnect: bool = True) -> StoreSession:
+    def attach_session(self, timeout: Timeout) -> StoreSession:
         """A store session on this handle's own connection, where the store has one.
 
         A :class:`~tp_store.TCPStore` opens a session on a connection of its
         own; this one costs the server no connection more, and ends when this
         handle's connection does (see :meth:`tp_store.TCPStore.attach_session`).
         Other stores open one as :meth:`open_session` does.
-
-        ``reconnect=False``: if this handle's connection is down, raise
-        :class:`~tp_store.StoreConnectionError` at once instead of connecting
-        again (which retries for the store timeout, holding the handle): for a
-        background thread that must not hold up the handle's other callers.
         """
         return self.open_session(timeout)
 

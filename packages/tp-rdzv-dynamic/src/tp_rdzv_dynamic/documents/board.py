@@ -79,15 +79,12 @@ class RendezvousBoard:
             except UnsupportedOperationError:
                 return None
 
-    def attach_session(
-        self, timeout: float, what: str, *, reconnect: bool = True
-    ) -> StoreSession | None:
+    def attach_session(self, timeout: float, what: str) -> StoreSession | None:
         """:meth:`open_session` on this board's own connection (no connection more);
-        ``None`` if the store offers no sessions. ``reconnect``: as
-        :meth:`tp_store.Store.attach_session`."""
+        ``None`` if the store offers no sessions."""
         with self._store_errors(f"opening {what}"):
             try:
-                return self.store.attach_session(timeout, reconnect=reconnect)
+                return self.store.attach_session(timeout)
             except UnsupportedOperationError:
                 return None
 

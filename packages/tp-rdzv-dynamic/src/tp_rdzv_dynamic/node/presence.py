@@ -80,14 +80,13 @@ class NodePresence:
                 self._open()
             return bool(self._offered)
 
-    def keep_alive(self, *, reconnect: bool = True) -> None:
+    def keep_alive(self) -> None:
         """Ping the session; replace it if the store ended it (and count the renewal).
 
         A session whose ping fails ended: the store ends a session whose
         connection broke, too. Raises
         :class:`~tp_rdzv_api.RendezvousConnectionError` if a new one cannot be
-        opened (with ``reconnect=False``, at once if the node's connection is
-        down, instead of connecting again); the next call tries again.
+        opened; the next call tries again.
         """
         with self._lock:
             session = self._session
@@ -106,7 +105,7 @@ class NodePresence:
                         node=self._node,
                     )
             if self._offered:
-                self._open(reconnect=reconnect)
+                self._open()
                 self.renewals += 1
 
     def close(self) -> None:
@@ -117,11 +116,9 @@ class NodePresence:
             with contextlib.suppress(StoreError):
                 session.close()
 
-    def _open(self, *, reconnect: bool = True) -> None:
+    def _open(self) -> None:
         """Open a session and be present through it (the lock held)."""
-        session = self._board.attach_session(
-            self._timeout, "this node's presence session", reconnect=reconnect
-        )
+        session = self._board.attach_session(self._timeout, "this node's presence session")
         self._offered = session is not None
         if session is None:
             return

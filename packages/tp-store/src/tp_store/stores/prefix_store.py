@@ -150,9 +150,9 @@ class PrefixStore(Store):
         """A session of the underlying store whose keys and will queues are under the prefix."""
         return _PrefixSession(self._store.open_session(timeout), self._key)
 
-    def attach_session(self, timeout: Timeout, *, reconnect: bool = True) -> StoreSession:
+    def attach_session(self, timeout: Timeout) -> StoreSession:
         """A session on the underlying store's connection, keys and will queues under the prefix."""
-        return _PrefixSession(self._store.attach_session(timeout, reconnect=reconnect), self._key)
+        return _PrefixSession(self._store.attach_session(timeout), self._key)
 
     def clone(self) -> PrefixStore:
         """The same prefix over a clone of the underlying store."""

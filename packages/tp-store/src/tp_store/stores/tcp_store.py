@@ -871,7 +871,7 @@ class TCPStore(Store):
         link._reconnects = False
         return TCPSession(link, seconds, USER_KEY_PREFIX)
 
-    def attach_session(self, timeout: Timeout, *, reconnect: bool = True) -> StoreSession:
+    def attach_session(self, timeout: Timeout) -> StoreSession:
         """A store session on this handle's own connection: no connection more.
 
         The session ends when this connection does (a reconnection does not
@@ -881,27 +881,18 @@ class TCPStore(Store):
         the session's timeout, so a wait never silences it. ``keep_alive``
         skips its PING while another call uses the connection (that call's
         frames keep the session alive). Raises
-        :class:`~tp_store.UnsupportedOperationError` on PyTorch's server, and
-        with ``reconnect=False`` :class:`~tp_store.StoreConnectionError` at once
-        if the connection is down.
+        :class:`~tp_store.UnsupportedOperationError` on PyTorch's server.
         """
-        seconds = self._session_seconds(timeout, reconnect=reconnect)
+        seconds = self._session_seconds(timeout)
         return TCPSession(self, seconds, USER_KEY_PREFIX, attached=True)
 
-    def _session_seconds(self, timeout: Timeout, *, reconnect: bool = True) -> float:
+    def _session_seconds(self, timeout: Timeout) -> float:
         seconds = session_timeout_seconds(timeout)
         # The extensions are negotiated per connection: read under the lock, once
         # connected (another thread may be reconnecting: mid-handshake they read as
         # not offered).
         with self._lock:
             if self._sock is None and self._reconnects:
-                if not reconnect:
-                    raise StoreConnectionError(
-                        f"the connection to the store at {self.endpoint} is down (not "
-                        "reconnecting for a session attached to it)",
-                        self._host,
-                        self._port,
-                    )
                 self._socket(self._timeout_seconds)
             extended = self._session.extended
         if not extended:
