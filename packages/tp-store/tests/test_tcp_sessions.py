@@ -9,7 +9,6 @@ rules (each closes its connection cleanly; the server serves on).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
@@ -480,44 +479,3 @@ def test_an_attached_session_ends_with_its_connection(plain: Served) -> None:
     store.set("k", "v")
     assert store.get("k") == b"v"
     store.close()
-
-
-# A holder that forks a child (no exec) after attaching its session: the child
-# inherits the connection's descriptor, and must not keep the session alive.
-_FORKING_HOLDER = textwrap.dedent(
-    """
-    import os, sys, time
-    from tp_store import TCPStore
-    store = TCPStore("127.0.0.1", int(sys.argv[1]), timeout=60)
-    session = store.attach_session(60)
-    session.add_will("departures", "holder gone")
-    session.keep_alive()  # the will is in
-    if os.fork() == 0:
-        time.sleep(120)  # the child outlives its parent
-        os._exit(0)
-    print("ready", flush=True)
-    time.sleep(120)
-    """
-)
-
-
-def test_a_forked_child_does_not_keep_its_parents_session_alive(plain: Served) -> None:
-    observer = plain.client()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _FORKING_HOLDER, str(plain.port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its process group: the child is killed at the end too
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "ready"
-        holder.kill()
-        holder.wait(timeout=TIMEOUT)
-        # The session's timeout is a minute: only the connection's close ends it this soon.
-        assert observer.queue_pop("departures") == b"holder gone"  # within TIMEOUT
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait(timeout=TIMEOUT)
-        observer.close()

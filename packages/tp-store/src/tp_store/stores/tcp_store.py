@@ -171,26 +171,6 @@ def _user_keys(keys: Sequence[Data]) -> tuple[bytes, ...]:
     return tuple(USER_KEY_PREFIX + key for key in as_keys(keys))
 
 
-#: Every client handle of this process: a forked child lets go of their connections.
-_CLIENTS: weakref.WeakSet[TCPStore] = weakref.WeakSet()
-
-
-def _let_go_of_inherited_connections() -> None:
-    """In a forked child: close this process's copies of its parent's client sockets.
-
-    A close, not a shutdown: the parent's connections stay up. Kept open here
-    they would outlive the parent (the kernel closes a connection only with
-    its last descriptor), and with them its store sessions: a killed node
-    would be found gone only after its session's timeout. The child connects
-    anew if it uses a handle; a session stays with the parent.
-    """
-    for client in list(_CLIENTS):
-        client._let_go_after_fork()
-
-
-os.register_at_fork(after_in_child=_let_go_of_inherited_connections)
-
-
 class TCPStore(Store):
     """A store client over TCP, speaking PyTorch's TCPStore protocol.
 
@@ -275,7 +255,6 @@ class TCPStore(Store):
         self._use_libuv = bool(use_libuv)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        _CLIENTS.add(self)
         self._reconnects = True  # a store session's connection never does
         #: Connections made so far: a session attached to one ends with it.
         self.connections_made = 0
@@ -502,13 +481,6 @@ class TCPStore(Store):
             ) from exc
         except (OSError, ProtocolError) as exc:
             raise self._broken(exc, "authentication") from exc
-
-    def _let_go_after_fork(self) -> None:
-        """A forked child's copy of this handle (see :func:`_let_go_of_inherited_connections`)."""
-        # A thread of the parent may have held the lock at the fork: it never
-        # releases it here.
-        self._lock = threading.Lock()
-        self._disconnect()  # a close of this process's descriptor, not a shutdown
 
     def _disconnect(self) -> None:
         if self._sock is not None:
