@@ -29,6 +29,7 @@ from tp_store import (
     PrefixStore,
     SessionExpiredError,
     Store,
+    StoreConnectionError,
     StoreTimeoutError,
     TCPStore,
 )
@@ -45,6 +46,7 @@ from tp_store.protocol import (
 )
 from tp_store.security import SECRET_ENV, SECRET_FILE_ENV, server_ssl_context
 from tp_store.server.store_server import ServerThread
+from tp_store.stores import tcp_store
 from tp_store.testing.contract import TIMEOUT, Call, Harness
 from tp_store.testing.session_contract import LONG, StoreSessionContract
 from tp_store.testing.tls import TestPKI
@@ -478,4 +480,79 @@ def test_an_attached_session_ends_with_its_connection(plain: Served) -> None:
         session.set("k", "v")
     store.set("k", "v")
     assert store.get("k") == b"v"
+    store.close()
+
+
+def _drop_connections(served: Served) -> None:
+    """The server closes every client connection it holds (as it does when a
+    stopped process's session expires)."""
+    for connection in list(served.thread.server.connections):
+        served.thread.call(functools.partial(connection.close, "dropped by the test"))
+
+
+def test_a_request_after_the_store_closed_the_idle_connection_goes_on_a_new_one(
+    served: Served,
+) -> None:
+    store, observer = served.client(), served.client()
+    store.set("before", "1")
+    observer.get("before")
+    _drop_connections(served)
+    # The connection lies idle past the check's threshold, as a stopped
+    # process's does, with the close already received.
+    idle_from = time.monotonic()
+    wait_until(lambda: time.monotonic() - idle_from > tcp_store._IDLE_CHECK_AFTER, "idle")
+    # SET has no reply: on the closed connection it would be lost without a word.
+    store.set("after", "2")
+    assert observer.get("after") == b"2"
+    assert store.get("after") == b"2"
+    assert store.connections_made == 2
+    store.close()
+    observer.close()
+
+
+def test_an_attached_session_never_reconnects_for_its_own_requests(plain: Served) -> None:
+    store = plain.client(timeout=4)
+    session = store.attach_session(LONG)
+    session.keep_alive()
+    plain.thread.stop()
+    # The handle's own call finds the store gone and retries for its timeout.
+    with pytest.raises(StoreConnectionError):
+        store.get("k")
+    # The session's PING does not: it ended with its connection.
+    began = time.monotonic()
+    with pytest.raises(SessionExpiredError, match="connection"):
+        session.keep_alive()
+    assert time.monotonic() - began < 2, "the PING retried connecting"
+    assert session.ended
+    store.close()
+
+
+def test_calls_that_waited_for_a_failed_connect_fail_with_it(plain: Served) -> None:
+    store = plain.client(timeout=4)
+    store.set("k", "v")
+    plain.thread.stop()
+    with pytest.raises(StoreConnectionError):
+        store.check(["k"])  # the connection is gone now
+    outcomes: dict[str, tuple[float, BaseException | None]] = {}
+
+    def call(name: str) -> None:
+        try:
+            store.get("k")
+            outcomes[name] = (time.monotonic(), None)
+        except BaseException as exc:
+            outcomes[name] = (time.monotonic(), exc)
+
+    first = threading.Thread(target=call, args=("first",))
+    first.start()
+    wait_until(store._lock.locked, "the first call is connecting")
+    second = threading.Thread(target=call, args=("second",))
+    second.start()
+    first.join(30)
+    second.join(30)
+    (first_done, first_error), (second_done, second_error) = outcomes["first"], outcomes["second"]
+    assert isinstance(first_error, StoreConnectionError)
+    assert isinstance(second_error, StoreConnectionError)
+    assert "cannot connect" in str(second_error)
+    # Not a second store timeout of retries after the first one's.
+    assert second_done - first_done < 2
     store.close()

@@ -3,10 +3,10 @@
 A session lives on a connection: a clone of the store's that never
 reconnects (``open_session``: a new connection would be a new session on the
 server), or the store handle's own (``attach_session``: no connection more;
-the handle reconnects for its other calls, but the session stays with the
-connection it was opened on). Once that connection breaks (or a request on it
-times out, which closes it) the server ends the session, and every later call
-raises :class:`~tp_store.errors.SessionExpiredError`.
+the handle reconnects for its other calls, but the session's own requests go
+on the connection it was opened on, or nowhere). Once that connection breaks
+(or a request on it times out, which closes it) the server ends the session,
+and every later call raises :class:`~tp_store.errors.SessionExpiredError`.
 """
 
 from __future__ import annotations
@@ -76,19 +76,21 @@ class TCPSession(StoreSession):
     def set(self, key: Data, value: Data) -> None:
         """Store ``value`` under ``key``, owned by this session."""
         request = SessionSet(self._key(key), as_bytes(value)).encode()
-        self._call(lambda: self._link._send(request))
+        self._call(lambda: self._link._send(request, self._connection))
 
     def compare_set(self, key: Data, expected: Data, desired: Data) -> bytes:
         """``Store.compare_set``; a write it makes leaves ``key`` owned by this session."""
         request = SessionCompareSet(
             self._key(key), as_bytes(expected, "expected"), as_bytes(desired, "desired")
         ).encode()
-        return self._call(lambda: self._link._request(request, SessionCompareSet.reply))
+        return self._call(
+            lambda: self._link._request(request, SessionCompareSet.reply, 0, self._connection)
+        )
 
     def add_will(self, queue: Data, value: Data) -> None:
         """Push ``value`` onto ``queue`` when the session ends."""
         request = SessionWill(self._key(queue), as_bytes(value)).encode()
-        self._call(lambda: self._link._send(request))
+        self._call(lambda: self._link._send(request, self._connection))
 
     def keep_alive(self) -> None:
         """A PING on the session's connection; ``SessionExpiredError`` once it ended.
@@ -99,11 +101,15 @@ class TCPSession(StoreSession):
         """
         request = Ping(_PING_NONCE).encode()
         if self._attached:
-            answer = self._call(lambda: self._link._request_unless_busy(request, Ping.reply))
+            answer = self._call(
+                lambda: self._link._request_unless_busy(request, Ping.reply, self._connection)
+            )
             if answer is None:
                 return
         else:
-            answer = self._call(lambda: self._link._request(request, Ping.reply))
+            answer = self._call(
+                lambda: self._link._request(request, Ping.reply, 0, self._connection)
+            )
         if answer != _PING_NONCE:
             self._end(f"the store answered a PING with {answer!r}")
             raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
@@ -120,7 +126,9 @@ class TCPSession(StoreSession):
         # A connection already gone: the server ends the session without it.
         if self._on_its_connection():
             with contextlib.suppress(StoreConnectionError, StoreTimeoutError):
-                self._link._request(SessionClose().encode(), SessionClose.reply)
+                self._link._request(
+                    SessionClose().encode(), SessionClose.reply, 0, self._connection
+                )
         self._end("closed")
 
     def _key(self, key: Data) -> bytes:
@@ -134,7 +142,7 @@ class TCPSession(StoreSession):
             self._end("its connection was lost (the store handle reconnected)")
             raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
         try:
-            result = request()
+            return request()
         except (StoreConnectionError, StoreTimeoutError) as exc:
             # The connection is closed now (a timed-out request closes it too):
             # the server ends the session, if it has not already.
@@ -144,11 +152,6 @@ class TCPSession(StoreSession):
                 self._link.host,
                 self._link.port,
             ) from exc
-        if not self._on_its_connection():
-            # Sent on a new connection: the session ended with the old one.
-            self._end("its connection was lost (the store handle reconnected)")
-            raise SessionExpiredError(f"the store session {self.id} ended: {self._end_cause}")
-        return result
 
     def _on_its_connection(self) -> bool:
         return self._link.connections_made == self._connection

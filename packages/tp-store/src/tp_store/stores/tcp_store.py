@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import random
+import select
 import socket
 import ssl
 import struct
@@ -114,6 +115,12 @@ _TIMED_OUT = (TimeoutError, BlockingIOError)
 _POPS_PER_SEND = 1024
 _CONNECT_BACKOFF_INITIAL = 0.01
 _CONNECT_BACKOFF_MAX = 1.0
+#: A connection idle this long (seconds) is checked before a request goes on it:
+#: the store may have closed it meanwhile (it ends the session of a process
+#: that was stopped past its timeout), and a request sent there would be lost.
+#: The check is one non-blocking poll, which a busy connection never pays.
+_IDLE_CHECK_AFTER = 0.05
+_monotonic = time.monotonic
 
 
 _T = TypeVar("_T")
@@ -130,6 +137,14 @@ def _timeval(seconds: float) -> bytes:
     if sys.platform == "win32":
         return struct.pack("<I", max(micros // 1000, 1))
     return struct.pack("@ll", micros // 1_000_000, micros % 1_000_000)
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the store closed this idle connection: with no request out it sends
+    nothing, so anything to read is its close (a FIN, a reset, TLS's close_notify)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _check_flags(**flags: object) -> None:
@@ -262,6 +277,13 @@ class TCPStore(Store):
         #: wait stays parked longer than a third of its timeout without a frame.
         self.attached_session: TCPSession | None = None
         self._recv_timeout = 0.0
+        #: When the last request started on the connection (for the idle check).
+        self._used = 0.0
+        #: When a call's connect attempt last failed, and its message: the calls
+        #: that waited for the connection meanwhile fail with it, instead of each
+        #: retrying for another store timeout.
+        self._connect_failed_at = -1.0
+        self._connect_failure = ""
         self._server: ServerThread | None = None
         self._stop_server: Callable[[], object] | None = None  # by close
         self._server_finalizer: weakref.finalize[..., TCPStore] | None = None
@@ -418,6 +440,7 @@ class TCPStore(Store):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
         self._recv_timeout = store_timeout
         self._sock = sock
+        self._used = _monotonic()
         self.connections_made += 1
         session = self._session
         try:
@@ -488,26 +511,76 @@ class TCPStore(Store):
             self._sock = None
         self._session.closed()
 
-    def _socket(self, recv_timeout: float) -> socket.socket:
-        """The connected socket (reconnecting if it was lost), receiving within ``recv_timeout``."""
+    def _ready(
+        self, recv_timeout: float, started: float, connection: int | None = None
+    ) -> socket.socket:
+        """The socket for a request that began at ``started`` (lock held): the
+        connection as it is while in use, else checked by :meth:`_socket`."""
         sock = self._sock
+        if (
+            sock is None
+            or recv_timeout != self._recv_timeout
+            or started - self._used > _IDLE_CHECK_AFTER
+            or connection is not None
+        ):
+            sock = self._socket(recv_timeout, started, connection)
+        self._used = started
+        return sock
+
+    def _socket(
+        self, recv_timeout: float, started: float, connection: int | None = None
+    ) -> socket.socket:
+        """The connected socket, receiving within ``recv_timeout`` (lock held).
+
+        Reconnects if the connection was lost, or if the store closed it while
+        it was idle. ``started``: when the calling request began (it may have
+        waited for the lock while another call tried to connect).
+        ``connection``: the request belongs on that connection only (a
+        session's), and fails rather than go on another.
+        """
+        sock = self._sock
+        if sock is not None and started - self._used > _IDLE_CHECK_AFTER and _closed(sock):
+            self._disconnect()
+            sock = None
+        if connection is not None and (sock is None or connection != self.connections_made):
+            raise StoreConnectionError(
+                f"the connection to the store at {self.endpoint} was lost",
+                self._host,
+                self._port,
+            )
         if sock is None:
-            if not self._reconnects:
-                raise StoreConnectionError(
-                    f"the connection to the store at {self.endpoint} is closed",
-                    self._host,
-                    self._port,
-                )
+            sock = self._reconnect(started)
+        self._set_recv_timeout(sock, recv_timeout)
+        return sock
+
+    def _reconnect(self, started: float) -> socket.socket:
+        """Connect again for a request that began at ``started`` (lock held)."""
+        if not self._reconnects:
+            raise StoreConnectionError(
+                f"the connection to the store at {self.endpoint} is closed",
+                self._host,
+                self._port,
+            )
+        if self._connect_failed_at > started:
+            # Another call's attempt failed while this one waited for the lock:
+            # one store timeout of retries answers both.
+            raise StoreConnectionError(self._connect_failure, self._host, self._port)
+        try:
             self._connect()
-            sock = self._sock
-            assert sock is not None
+        except StoreConnectionError as exc:
+            self._connect_failed_at = _monotonic()
+            self._connect_failure = str(exc)
+            raise
+        assert self._sock is not None
+        return self._sock
+
+    def _set_recv_timeout(self, sock: socket.socket, recv_timeout: float) -> None:
         if recv_timeout != self._recv_timeout:
             if isinstance(sock, ssl.SSLSocket):
                 sock.settimeout(max(recv_timeout, 1e-6))  # 0 would mean non-blocking
             else:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(recv_timeout))
             self._recv_timeout = recv_timeout
-        return sock
 
     def _receive(self, sock: socket.socket, reply: ReplyFormat[_T], count: int = 0) -> _T:
         """Read one reply in ``reply``'s format (lock held; socket timeouts propagate)."""
@@ -544,14 +617,13 @@ class TCPStore(Store):
 
     # The calls below take the lock with acquire() and release() in a
     # try/finally: a with block looks up __enter__ and __exit__ on every call.
-    def _send(self, payload: bytes) -> None:
-        """Send a request that has no reply."""
+    def _send(self, payload: bytes, connection: int | None = None) -> None:
+        """Send a request that has no reply (``connection``: as :meth:`_socket`)."""
+        started = _monotonic()
         lock = self._lock
         lock.acquire()
         try:
-            sock = self._sock
-            if sock is None or self._recv_timeout != self._timeout_seconds:
-                sock = self._socket(self._timeout_seconds)
+            sock = self._ready(self._timeout_seconds, started, connection)
             try:
                 sock.sendall(payload)
             except OSError as exc:
@@ -559,24 +631,40 @@ class TCPStore(Store):
         finally:
             lock.release()
 
-    def _request(self, payload: bytes, reply: ReplyFormat[_T], count: int = 0) -> _T:
-        """Send a request and read its reply, within the store timeout."""
+    def _request(
+        self,
+        payload: bytes,
+        reply: ReplyFormat[_T],
+        count: int = 0,
+        connection: int | None = None,
+    ) -> _T:
+        """Send a request and read its reply, within the store timeout
+        (``connection``: as :meth:`_socket`)."""
+        started = _monotonic()
         self._lock.acquire()
-        return self._request_locked(payload, reply, count)
+        return self._request_locked(payload, reply, count, started, connection)
 
-    def _request_unless_busy(self, payload: bytes, reply: ReplyFormat[_T]) -> _T | None:
+    def _request_unless_busy(
+        self, payload: bytes, reply: ReplyFormat[_T], connection: int | None = None
+    ) -> _T | None:
         """:meth:`_request`, or ``None`` at once while another call uses the connection."""
+        started = _monotonic()
         if not self._lock.acquire(blocking=False):
             return None
-        return self._request_locked(payload, reply, 0)
+        return self._request_locked(payload, reply, 0, started, connection)
 
-    def _request_locked(self, payload: bytes, reply: ReplyFormat[_T], count: int) -> _T:
+    def _request_locked(
+        self,
+        payload: bytes,
+        reply: ReplyFormat[_T],
+        count: int,
+        started: float,
+        connection: int | None,
+    ) -> _T:
         """:meth:`_request` with the lock just taken (released here)."""
         lock = self._lock
         try:
-            sock = self._sock
-            if sock is None or self._recv_timeout != self._timeout_seconds:
-                sock = self._socket(self._timeout_seconds)
+            sock = self._ready(self._timeout_seconds, started, connection)
             try:
                 sock.sendall(payload)
                 return self._receive(sock, reply, count)
@@ -605,15 +693,18 @@ class TCPStore(Store):
         a frame at least every slice keeps the session alive while its process
         runs; a stopped process sends none, and its session expires.
         """
+        started = _monotonic()
         lock = self._lock
         lock.acquire()
         try:
-            deadline = time.monotonic() + timeout
+            deadline = started + timeout
             left = timeout
             while True:
                 attached = self.attached_session
                 wait = left if attached is None else min(left, attached.timeout / 3)
-                answered = self._park(payload, reply, count, wait, keys=keys, asked=timeout)
+                answered = self._park(
+                    payload, reply, count, wait, started, keys=keys, asked=timeout
+                )
                 if answered is not None:
                     return answered
                 left = deadline - time.monotonic()
@@ -629,16 +720,15 @@ class TCPStore(Store):
         reply: ReplyFormat[_T],
         count: int,
         timeout: float,
+        started: float,
         *,
         keys: Sequence[Data],
         asked: float,
     ) -> _T | None:
         """Send a request the server may park; its reply, or None once ``timeout``
-        passed and the request was cancelled (lock held; ``asked``: the caller's
-        timeout, for the error)."""
-        sock = self._sock
-        if sock is None or self._recv_timeout != timeout:
-            sock = self._socket(timeout)
+        passed and the request was cancelled (lock held; ``started``: as
+        :meth:`_socket`; ``asked``: the caller's timeout, for the error)."""
+        sock = self._ready(timeout, started)
         session = self._session
         try:
             sock.sendall(payload)
@@ -665,7 +755,7 @@ class TCPStore(Store):
         """Cancel the parked wait; its reply if it was satisfied meanwhile, else None."""
         # The wait's own reply may be under way when CANCEL_WAIT arrives; then
         # both replies come, the wait's first.
-        self._socket(self._timeout_seconds)
+        self._set_recv_timeout(sock, self._timeout_seconds)
         sock.sendall(self._session.cancel())
         first = self._receive(sock, reply, count)
         if reply.status(first) != WaitReply.STOP_WAITING:
@@ -783,10 +873,11 @@ class TCPStore(Store):
         count = int_argument(count, "count", 0)
         request = QueuePop(_user_key(key)).encode()
         values: list[bytes] = []
+        started = _monotonic()
         with self._lock:
             while len(values) < count:
                 asked = min(count - len(values), _POPS_PER_SEND)
-                sock = self._socket(self._timeout_seconds)
+                sock = self._ready(self._timeout_seconds, started)
                 try:
                     sock.sendall(request * asked)
                     replies = [self._receive(sock, QueuePop.reply) for _ in range(asked)]
@@ -863,9 +954,10 @@ class TCPStore(Store):
         # The extensions are negotiated per connection: read under the lock, once
         # connected (another thread may be reconnecting: mid-handshake they read as
         # not offered).
+        started = _monotonic()
         with self._lock:
-            if self._sock is None and self._reconnects:
-                self._socket(self._timeout_seconds)
+            if self._reconnects:
+                self._socket(self._timeout_seconds, started)
             extended = self._session.extended
         if not extended:
             raise UnsupportedOperationError(
