@@ -46,7 +46,6 @@ from tp_store.protocol import (
 )
 from tp_store.security import SECRET_ENV, SECRET_FILE_ENV, server_ssl_context
 from tp_store.server.store_server import ServerThread
-from tp_store.stores import tcp_store
 from tp_store.testing.contract import TIMEOUT, Call, Harness
 from tp_store.testing.session_contract import LONG, StoreSessionContract
 from tp_store.testing.tls import TestPKI
@@ -463,14 +462,19 @@ def test_a_ping_skips_a_connection_another_thread_waits_on(plain: Served) -> Non
     observer.close()
 
 
+def _drop_session_connections(served: Served) -> None:
+    """The server closes every connection that holds a session."""
+    for connection in list(served.thread.server.connections):
+        if connection._session.store_session is not None:
+            served.thread.call(functools.partial(connection.close, "dropped by the test"))
+
+
 def test_an_attached_session_ends_with_its_connection(plain: Served) -> None:
     store = plain.client()
     session = store.attach_session(LONG)
     session.add_will("departures", "gone")
     session.keep_alive()  # the will is in
-    for connection in list(plain.thread.server.connections):
-        if connection._session.store_session is not None:
-            plain.thread.call(functools.partial(connection.close, "dropped by the test"))
+    _drop_session_connections(plain)
     with pytest.raises(SessionExpiredError, match="connection was lost"):
         session.keep_alive()
     assert session.ended
@@ -483,29 +487,25 @@ def test_an_attached_session_ends_with_its_connection(plain: Served) -> None:
     store.close()
 
 
-def _drop_connections(served: Served) -> None:
-    """The server closes every client connection it holds (as it does when a
-    stopped process's session expires)."""
-    for connection in list(served.thread.server.connections):
-        served.thread.call(functools.partial(connection.close, "dropped by the test"))
-
-
 def test_a_request_after_the_store_closed_the_idle_connection_goes_on_a_new_one(
     served: Served,
 ) -> None:
     store, observer = served.client(), served.client()
+    session = store.attach_session(0.6)
     store.set("before", "1")
     observer.get("before")
-    _drop_connections(served)
-    # The connection lies idle past the check's threshold, as a stopped
-    # process's does, with the close already received.
+    # The store closes the connection, as it does when the session of a stopped
+    # process expires; the connection lies idle past half the session's timeout.
+    _drop_session_connections(served)
     idle_from = time.monotonic()
-    wait_until(lambda: time.monotonic() - idle_from > tcp_store._IDLE_CHECK_AFTER, "idle")
+    wait_until(lambda: time.monotonic() - idle_from > 0.3, "idle")
     # SET has no reply: on the closed connection it would be lost without a word.
     store.set("after", "2")
     assert observer.get("after") == b"2"
     assert store.get("after") == b"2"
     assert store.connections_made == 2
+    with pytest.raises(SessionExpiredError):
+        session.keep_alive()  # it ended with its connection
     store.close()
     observer.close()
 

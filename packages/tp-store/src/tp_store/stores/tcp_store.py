@@ -116,10 +116,11 @@ _POPS_PER_SEND = 1024
 _CONNECT_BACKOFF_INITIAL = 0.01
 _CONNECT_BACKOFF_MAX = 1.0
 #: A connection idle this long (seconds) is checked before a request goes on it:
-#: the store may have closed it meanwhile (it ends the session of a process
-#: that was stopped past its timeout), and a request sent there would be lost.
-#: The check is one non-blocking poll, which a busy connection never pays.
-_IDLE_CHECK_AFTER = 0.05
+#: the store may have closed it meanwhile, and a request sent there would fail
+#: or (a SET, which has no reply) be lost. The check is one non-blocking poll.
+#: With a session attached, half its timeout if that is shorter: the store ends
+#: the session of a process stopped past its timeout, and closes its connection.
+_IDLE_CHECK_AFTER = 1.0
 _monotonic = time.monotonic
 
 
@@ -273,12 +274,12 @@ class TCPStore(Store):
         self._reconnects = True  # a store session's connection never does
         #: Connections made so far: a session attached to one ends with it.
         self.connections_made = 0
-        #: The session attached to this handle's connection: while it lives, no
-        #: wait stays parked longer than a third of its timeout without a frame.
-        self.attached_session: TCPSession | None = None
+        self._attached_session: TCPSession | None = None
         self._recv_timeout = 0.0
-        #: When the last request started on the connection (for the idle check).
+        #: When the last request started on the connection, and how long it may
+        #: then lie idle before the next one checks it.
         self._used = 0.0
+        self._idle_limit = _IDLE_CHECK_AFTER
         #: When a call's connect attempt last failed, and its message: the calls
         #: that waited for the connection meanwhile fail with it, instead of each
         #: retrying for another store timeout.
@@ -305,6 +306,19 @@ class TCPStore(Store):
                 self._wait_for_workers(world_size)
 
     # -- properties ---------------------------------------------------------------
+    @property
+    def attached_session(self) -> TCPSession | None:
+        """The session attached to this handle's connection: while it lives, no
+        wait stays parked longer than a third of its timeout without a frame."""
+        return self._attached_session
+
+    @attached_session.setter
+    def attached_session(self, session: TCPSession | None) -> None:
+        self._attached_session = session
+        self._idle_limit = (
+            _IDLE_CHECK_AFTER if session is None else min(_IDLE_CHECK_AFTER, session.timeout / 2)
+        )
+
     @property
     def host(self) -> str:
         """The host name this store was created with."""
@@ -520,7 +534,7 @@ class TCPStore(Store):
         if (
             sock is None
             or recv_timeout != self._recv_timeout
-            or started - self._used > _IDLE_CHECK_AFTER
+            or started - self._used > self._idle_limit
             or connection is not None
         ):
             sock = self._socket(recv_timeout, started, connection)
@@ -539,7 +553,7 @@ class TCPStore(Store):
         session's), and fails rather than go on another.
         """
         sock = self._sock
-        if sock is not None and started - self._used > _IDLE_CHECK_AFTER and _closed(sock):
+        if sock is not None and started - self._used > self._idle_limit and _closed(sock):
             self._disconnect()
             sock = None
         if connection is not None and (sock is None or connection != self.connections_made):
