@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,31 @@ def load_average() -> list[float] | None:
         return [round(value, 2) for value in os.getloadavg()]
     except OSError:
         return None
+
+
+def time_wait_sockets() -> int | None:
+    """TCP sockets in TIME_WAIT now (``/proc/net/sockstat``)."""
+    try:
+        text = Path("/proc/net/sockstat").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^TCP:.*\btw (\d+)", text, re.MULTILINE)
+    return int(match[1]) if match else None
+
+
+def settle_time_wait(below: int, limit: float) -> str:
+    """Wait up to ``limit`` seconds until fewer than ``below`` sockets are in TIME_WAIT.
+
+    A run that closes thousands of connections leaves them there for a minute;
+    a run started meanwhile connects slower (the kernel searches a crowded port
+    space), whatever the code. Returns what it saw, for the run's record.
+    """
+    deadline = time.monotonic() + limit
+    first = count = time_wait_sockets()
+    while count is not None and count >= below and time.monotonic() < deadline:
+        time.sleep(1.0)
+        count = time_wait_sockets()
+    return f"TIME_WAIT sockets: {first} before the run, {count} at its start"
 
 
 def host_info() -> dict[str, Any]:

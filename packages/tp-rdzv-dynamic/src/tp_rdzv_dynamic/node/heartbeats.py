@@ -82,14 +82,24 @@ class HeartbeatScheduler:
     def _run(self) -> None:
         while True:
             with self._changed:
-                beat = self._next_beat()
+                ticket, when, beat, interval = self._next_beat()
             try:
                 beat()
             except Exception:  # a bug in one beat must not stop every node's heartbeats
                 log.exception("a heartbeat failed")
+            with self._changed:
+                if ticket in self._beats:
+                    # On its own schedule; one that fell behind (or ran long: a
+                    # store being reconnected) skips what it missed instead of
+                    # catching up in a burst, which would hold the node's
+                    # connection from its other callers.
+                    now = time.monotonic()
+                    after = when + interval
+                    heapq.heappush(self._due, (after if after > now else now + interval, ticket))
 
-    def _next_beat(self) -> Callable[[], None]:
-        """Wait for the next beat that is due and schedule the one after (lock held)."""
+    def _next_beat(self) -> tuple[int, float, Callable[[], None], float]:
+        """Wait for the next beat that is due and take it off the schedule (lock held):
+        its ticket, when it was due, the beat and its interval."""
         while True:
             while not self._due:
                 self._changed.wait()
@@ -102,12 +112,9 @@ class HeartbeatScheduler:
             if when > now:
                 self._changed.wait(when - now)
                 continue
+            heapq.heappop(self._due)
             beat, interval = registered
-            # On its own schedule; one that fell behind skips what it missed
-            # instead of catching up in a burst.
-            after = when + interval
-            heapq.heapreplace(self._due, (after if after > now else now + interval, ticket))
-            return beat
+            return ticket, when, beat, interval
 
 
 #: The scheduler of this process.

@@ -1,0 +1,58 @@
+"""The process's heartbeat scheduler: one thread calling every node's keep-alive."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from tp_rdzv_dynamic.node.heartbeats import HeartbeatScheduler
+
+INTERVAL = 0.2
+
+
+def test_a_beat_that_ran_long_is_not_called_again_at_once() -> None:
+    # A keep-alive reconnecting to a dead store holds the node's connection for
+    # the store timeout; called again at once, it would hold it again before the
+    # node's own call, waiting for the connection, could take it.
+    scheduler = HeartbeatScheduler()
+    calls: list[tuple[float, float]] = []
+    second = threading.Event()
+
+    def beat() -> None:
+        began = time.monotonic()
+        if not calls:
+            threading.Event().wait(5 * INTERVAL)  # a slow store call
+        calls.append((began, time.monotonic()))
+        if len(calls) == 2:
+            second.set()
+
+    ticket = scheduler.start(beat, INTERVAL, first=0)
+    try:
+        assert second.wait(30), "the beat was not called again"
+    finally:
+        scheduler.stop(ticket)
+    (_, first_ended), (second_began, _) = calls[:2]
+    assert second_began - first_ended >= INTERVAL * 0.99
+
+
+def test_beats_keep_their_interval_and_none_comes_after_the_stop() -> None:
+    scheduler = HeartbeatScheduler()
+    calls: list[float] = []
+    third = threading.Event()
+
+    def beat() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            third.set()
+            scheduler.stop(ticket)  # from within its own beat, as a handler's shutdown may
+
+    ticket = scheduler.start(beat, INTERVAL, first=0)
+    assert third.wait(30)
+    # Another ticket's later beat runs; this one's never comes again.
+    other = threading.Event()
+    later = scheduler.start(other.set, INTERVAL, first=2 * INTERVAL)
+    assert other.wait(30)
+    scheduler.stop(later)
+    assert len(calls) == 3
+    assert all(b - a >= INTERVAL * 0.99 for a, b in itertools.pairwise(calls)), calls
