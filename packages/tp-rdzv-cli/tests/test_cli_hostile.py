@@ -110,6 +110,25 @@ def test_ctrl_c_at_any_moment_ends_a_command_in_a_line(tp_rdzv, store, run_with,
     print(f"{command} after {delay} s: exit {code}, {seconds:.2f} s after SIGINT")
 
 
+def test_only_python_s_own_start_up_is_excused() -> None:
+    # Seen in CI: SIGINT while CPython set up its standard streams.
+    streams = (
+        "Fatal Python error: init_sys_streams: can't initialize sys standard streams\n"
+        "Python runtime state: core initialized\n"
+        "Traceback (most recent call last):\n"
+        '  File "<frozen codecs>", line 309, in __init__\n'
+        "KeyboardInterrupt\n"
+    )
+    assert in_python_start_up(streams)
+    # A traceback through a command's own code is never excused.
+    ours = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/tp_rdzv_cli/cli.py", line 40, in run\n'
+        "KeyboardInterrupt\n"
+    )
+    assert not in_python_start_up(ours)
+
+
 def test_the_entry_module_loads_nothing_before_it_catches_ctrl_c() -> None:
     # What in_python_start_up excuses: loading tp_rdzv_cli.main itself, which must
     # import nothing beyond its package (the command's modules load under its guard).
@@ -130,14 +149,16 @@ _OUR_PACKAGE = re.compile(r"[/\\](tp_rdzv\w*|tp_store|tensorplay)[/\\]")
 _ENTRY_LOADING = re.compile(
     r'[/\\]tp_rdzv_cli[/\\](__init__|__about__|main)\.py", line \d+, in <module>'
 )
-_SITE_FAILED = "Fatal Python error: init_import_site: Failed to import the site module"
+#: CPython's own fatal error when SIGINT lands in a step of its initialization
+#: (``init_sys_streams``, ``init_import_site``, ...), as ``python -c pass`` reports.
+_INIT_FAILED = re.compile(r"Fatal Python error: init_\w+: ")
 
 
 def in_python_start_up(err: str) -> bool:
-    """Whether SIGINT landed before any code of ours ran: while CPython imported
-    its ``site`` module (a fatal error of its own, as ``python -c pass`` would
-    report; the ``.pth`` hooks of site-packages among its frames), or while it
-    loaded ``tp-rdzv``'s entry module (``tp_rdzv_cli.main``, which imports
+    """Whether SIGINT landed before any code of ours ran: while CPython initialized
+    (a fatal error of its own naming the step, such as its standard streams or
+    its ``site`` module, the ``.pth`` hooks of site-packages among its frames),
+    or while it loaded ``tp-rdzv``'s entry module (``tp_rdzv_cli.main``, which imports
     nothing but ``sys`` before it catches Ctrl-C): a traceback in which every
     frame of ours is that module level."""
     lines = err.splitlines()
@@ -145,7 +166,10 @@ def in_python_start_up(err: str) -> bool:
     ours = [frame for frame in frames if _OUR_PACKAGE.search(frame)]
     return (
         bool(lines)
-        and lines[0] in (_SITE_FAILED, "Traceback (most recent call last):")
+        and (
+            _INIT_FAILED.match(lines[0]) is not None
+            or lines[0] == "Traceback (most recent call last):"
+        )
         and lines[-1] == "KeyboardInterrupt"
         and all(_ENTRY_LOADING.search(frame) for frame in ours)
     )
