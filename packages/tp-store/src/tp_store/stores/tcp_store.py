@@ -276,8 +276,8 @@ class TCPStore(Store):
         self.connections_made = 0
         self._attached_session: TCPSession | None = None
         self._recv_timeout = 0.0
-        #: When the last request started on the connection, and how long it may
-        #: then lie idle before the next one checks it.
+        #: When the connection last carried a request or a reply, and how long it
+        #: may then lie idle before the next request checks it.
         self._used = 0.0
         self._idle_limit = _IDLE_CHECK_AFTER
         #: When a call's connect attempt last failed, and its message: the calls
@@ -538,7 +538,6 @@ class TCPStore(Store):
             or connection is not None
         ):
             sock = self._socket(recv_timeout, started, connection)
-        self._used = started
         return sock
 
     def _socket(
@@ -642,6 +641,7 @@ class TCPStore(Store):
                 sock.sendall(payload)
             except OSError as exc:
                 raise self._broken(exc, "a request") from exc
+            self._used = _monotonic()
         finally:
             lock.release()
 
@@ -681,7 +681,7 @@ class TCPStore(Store):
             sock = self._ready(self._timeout_seconds, started, connection)
             try:
                 sock.sendall(payload)
-                return self._receive(sock, reply, count)
+                value = self._receive(sock, reply, count)
             except _TIMED_OUT as exc:
                 self._disconnect()
                 raise StoreTimeoutError(
@@ -689,6 +689,8 @@ class TCPStore(Store):
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 raise self._broken(exc, "a request") from exc
+            self._used = _monotonic()
+            return value
         finally:
             lock.release()
 
@@ -749,13 +751,14 @@ class TCPStore(Store):
             session.parked()
             value = self._receive(sock, reply, count)
             session.woken()
+            self._used = _monotonic()
             return value
         except _TIMED_OUT:
             pass
         except (OSError, ProtocolError) as exc:
             raise self._broken(exc, "a wait") from exc
         try:
-            return self._cancel_wait(sock, reply, count)
+            answered = self._cancel_wait(sock, reply, count)
         except _TIMED_OUT as exc:
             # No answer to the cancel within the store timeout (an overloaded
             # or stopped server): the wait timed out, as asked. The replies
@@ -764,6 +767,8 @@ class TCPStore(Store):
             raise timeout_error([as_bytes(key, "key") for key in keys], asked) from exc
         except (OSError, ProtocolError) as exc:
             raise self._broken(exc, "cancelling a wait") from exc
+        self._used = _monotonic()
+        return answered
 
     def _cancel_wait(self, sock: socket.socket, reply: ReplyFormat[_T], count: int) -> _T | None:
         """Cancel the parked wait; its reply if it was satisfied meanwhile, else None."""
@@ -903,6 +908,7 @@ class TCPStore(Store):
                     ) from exc
                 except (OSError, ProtocolError) as exc:
                     raise self._broken(exc, "a request") from exc
+                self._used = _monotonic()
                 popped = [value for _, value in replies if value is not None]
                 values += popped
                 if len(popped) < asked:
