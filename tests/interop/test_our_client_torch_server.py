@@ -25,7 +25,7 @@ from datetime import timedelta
 import pytest
 from interop_support import ANSWER_TIMEOUT, TorchStore, WorkerPool
 
-from tp_store import QueueEmptyError, StoreTimeoutError, TCPStore
+from tp_store import QueueEmptyError, StoreTimeoutError, TCPStore, UnsupportedOperationError
 
 pytestmark = pytest.mark.interop
 
@@ -370,3 +370,12 @@ def test_torch_master_waits_for_our_workers(workers: WorkerPool, use_libuv: bool
     finally:
         for client in clients:
             client.close()
+
+
+def test_wait_any_is_ours_only_and_the_connection_serves_on(ours: TCPStore) -> None:
+    # A torch server knows no WAIT_ANY: the client says so without sending it
+    # (the rendezvous then ticks to watch its steward, as without sessions).
+    with pytest.raises(UnsupportedOperationError, match="not a tp-store server"):
+        ours.wait_any(["outcome", "vacated"], 1)
+    ours.set("outcome", "1")
+    assert ours.get("outcome") == b"1"

@@ -67,7 +67,9 @@ from tp_store.protocol import (
     Stats,
     Validate,
     Wait,
+    WaitAny,
     WaitGet,
+    WaitKeepAlive,
     decode_stats,
     encode_bytes,
     encode_i64,
@@ -132,6 +134,8 @@ REQUEST_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     SessionCompareSet: st.builds(SessionCompareSet, KEYS, VALUES, VALUES),
     SessionWill: st.builds(SessionWill, KEYS, VALUES),
     SessionClose: st.just(SessionClose()),
+    WaitAny: st.builds(WaitAny, KEY_TUPLES),
+    WaitKeepAlive: st.just(WaitKeepAlive()),
 }
 REQUESTS: st.SearchStrategy[Request] = st.one_of(*REQUEST_STRATEGIES.values())
 VALIDATE = Validate().encode()

@@ -254,6 +254,19 @@ class Store:
             self.set(done_key, b"1")
         self.wait([done_key], timeout)
 
+    def wait_any(self, keys: Sequence[Data], timeout: Timeout | None = None) -> tuple[int, bytes]:
+        """The index of the first of ``keys`` that exists, and its value, waiting up to
+        ``timeout`` (default: the store's) for one to.
+
+        The lowest index wins when several exist; a key holding a queue only
+        reads as empty. Raises ``StoreTimeoutError`` if none appears in time.
+        An extension of PyTorch's API, offered by :class:`~tp_store.HashStore`,
+        :class:`~tp_store.PrefixStore` over a store that offers it, and
+        :class:`~tp_store.TCPStore` connected to a tp-store server (one round
+        trip); other stores raise :class:`UnsupportedOperationError`.
+        """
+        raise UnsupportedOperationError(f"{type(self).__name__} does not implement wait_any()")
+
     def server_stats(self) -> ServerStats:
         """The counters of the store server behind this store (see ``ServerStats``).
 

@@ -3,8 +3,9 @@
 The framing is PyTorch's (see ``tcpstore-wire-protocol.md``): an opcode byte,
 then fields; integers little-endian; byte strings as a ``u64`` length and the
 raw bytes. Our own client and server also understand extension opcodes
-(``WAIT_GET``, ``STATS``, the authentication exchange ``AUTH_CHALLENGE``
-and ``AUTH_PROOF``, and the store sessions' ``SESSION_*``), negotiated
+(``WAIT_GET``, ``WAIT_ANY``, ``WAIT_KEEPALIVE``, ``STATS``, the
+authentication exchange ``AUTH_CHALLENGE`` and ``AUTH_PROOF``, and the store
+sessions' ``SESSION_*``), negotiated
 through the handshake PING so that a PyTorch peer never sees them.
 Malformed input raises :class:`~tp_store.errors.ProtocolError` and nothing
 else.
@@ -81,7 +82,9 @@ from .messages import (
     Stats,
     Validate,
     Wait,
+    WaitAny,
     WaitGet,
+    WaitKeepAlive,
     encode_request,
 )
 from .phases import TRANSITIONS, Event, Phase, advance
@@ -196,7 +199,9 @@ __all__ = [
     "Turn",
     "Validate",
     "Wait",
+    "WaitAny",
     "WaitGet",
+    "WaitKeepAlive",
     "WaitReply",
     "advance",
     "auth_proof",

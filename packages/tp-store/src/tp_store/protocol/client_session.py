@@ -5,7 +5,8 @@ authentication exchange and then frames replies for the requests the I/O
 layer (:class:`~tp_store.TCPStore`) sends, in the format each request
 declares, so every call gets a typed value. It tracks the connection's
 phase with the same table as the server (:mod:`tp_store.protocol.phases`):
-a request is sent only while SERVING, and only CANCEL_WAIT while WAITING.
+a request is sent only while SERVING, and only CANCEL_WAIT (or, to our
+servers, WAIT_KEEPALIVE) while WAITING.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .messages import (
     CancelWait,
     Ping,
     Validate,
+    WaitKeepAlive,
 )
 from .phases import Event, Phase, advance
 from .replies import Incomplete, ReplyBuffer, ReplyFormat
@@ -41,6 +43,8 @@ _WOKEN: Final = advance(_WAITING, Event.WOKEN)
 HELLO: Final = Validate().encode() + Ping(EXTENSION_OFFER).encode()
 #: CANCEL_WAIT, encoded once.
 CANCEL_WAIT: Final = CancelWait().encode()
+#: WAIT_KEEPALIVE, encoded once.
+WAIT_KEEPALIVE: Final = WaitKeepAlive().encode()
 
 
 class ClientSession:
@@ -164,6 +168,15 @@ class ClientSession:
         """The parked request was answered."""
         phase = self.phase
         self.phase = _WOKEN if phase is _WAITING else advance(phase, Event.WOKEN)
+
+    def keep_waiting(self) -> bytes:
+        """The WAIT_KEEPALIVE to send while a request is parked: no reply comes, and the
+        wait stays parked (a store session sees a frame; our servers only)."""
+        if self.phase is not Phase.WAITING:
+            raise ProtocolError(f"WAIT_KEEPALIVE in the {self.phase.value} phase")
+        if not self.extended:
+            raise ProtocolError("WAIT_KEEPALIVE to a server that has not accepted the extensions")
+        return WAIT_KEEPALIVE
 
     def cancel(self) -> bytes:
         """The CANCEL_WAIT to send for the parked request (its reply, or the wait's

@@ -103,6 +103,11 @@ class Opcode(enum.IntEnum):
     SESSION_WILL = 0xE7
     #: Extension: end the connection's store session now; 0 out.
     SESSION_CLOSE = 0xE8
+    #: Extension: wait for the first of the keys; STOP_WAITING, its index and its value out.
+    WAIT_ANY = 0xE9
+    #: Extension: "still here", allowed while a wait is parked; no reply (it keeps the
+    #: connection's store session alive without cancelling the wait).
+    WAIT_KEEPALIVE = 0xEA
 
 
 class Field(enum.Enum):
@@ -373,6 +378,34 @@ class WaitGet(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class WaitAny(Message):
+    """Extension: wait until one of the keys exists; its index and value come back.
+
+    The reply is WAIT_GET's with two values: the index of the first key that
+    exists (lowest index first, in decimal digits) and its value (empty for a
+    key that holds a queue only).
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.WAIT_ANY
+    layout: ClassVar[Layout] = _KEYS
+    reply: ClassVar[WaitGetReply] = WAIT_GET_REPLY
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitKeepAlive(Message):
+    """Extension: a frame a client sends while its wait is parked, to show it lives.
+
+    No reply. A store session ends after its timeout without a frame; a
+    parked wait sends this instead of being cancelled and sent again.
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.WAIT_KEEPALIVE
+    layout: ClassVar[Layout] = ()
+    reply: ClassVar[NoReply] = NO_REPLY
+
+
+@dataclass(frozen=True, slots=True)
 class Stats(Message):
     """Extension: ask for the server's counters (see :class:`~tp_store.protocol.ServerStats`)."""
 
@@ -483,6 +516,8 @@ Request = (
     | SessionCompareSet
     | SessionWill
     | SessionClose
+    | WaitAny
+    | WaitKeepAlive
 )
 
 #: Every request type, by opcode.
@@ -517,6 +552,8 @@ REQUEST_TYPES: Final[dict[int, type[Request]]] = {
         SessionCompareSet,
         SessionWill,
         SessionClose,
+        WaitAny,
+        WaitKeepAlive,
     )
 }
 

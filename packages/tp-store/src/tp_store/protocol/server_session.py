@@ -95,8 +95,11 @@ _EXTENSION_OFFER: Final = U32.pack(EXTENSION_OFFER)
 #: The requests the direct path answers when they name one key.
 _ONE_KEY_OPCODES: Final = frozenset((_OP_WAIT, _OP_WAIT_GET, _OP_CHECK))
 
-#: Which requests are parsed in a phase (a WAITING connection may only cancel).
-_WAITING_LAYOUTS: Final[Layouts] = {Opcode.CANCEL_WAIT: LAYOUTS[Opcode.CANCEL_WAIT]}
+#: Which requests are parsed in a phase (a WAITING connection may only cancel, or
+#: say that it lives).
+_WAITING_LAYOUTS: Final[Layouts] = {
+    opcode: LAYOUTS[opcode] for opcode in (Opcode.CANCEL_WAIT, Opcode.WAIT_KEEPALIVE)
+}
 
 
 class AuthRefused(ProtocolError):
@@ -436,6 +439,14 @@ class ServerSession:
         self.outbox.append(WAIT_GET_REPLY.encode((WaitReply.STOP_WAITING, values)))
         self._woken(None)
 
+    def _wake_any(self, waiter: Waiter) -> None:
+        self._state.unpark(waiter)  # from the keys that are still missing
+        self._unparked(Event.WOKEN)
+        found = self._state.first_existing(waiter.keys)
+        assert found is not None, "woken by a write of one of its keys"
+        self.outbox.append(WAIT_GET_REPLY.encode(_found_any(*found)))
+        self._woken(None)
+
     def _drop_pending(self) -> None:
         pending = self._pending
         if pending is None:
@@ -465,6 +476,21 @@ class ServerSession:
         if self._park(keys, self._wake_with_values):
             return (WaitReply.STOP_WAITING, self._bounded(self._state.multi_get(keys)))
         return None
+
+    def _wait_any(self, fields: list[Any]) -> tuple[int, list[bytes]] | None:
+        keys: tuple[bytes, ...] = fields[0]
+        if not keys:
+            raise ProtocolError("WAIT_ANY needs at least one key")
+        found = self._state.first_existing(keys)
+        if found is not None:
+            return _found_any(*found)
+        waiter = Waiter(keys, self._wake_any, any_of=True)
+        self._state.park_any(waiter)
+        self._parked(waiter, sum(map(len, keys)) + PARKED_KEY_OVERHEAD * len(keys))
+        return None
+
+    def _wait_keepalive(self, fields: list[Any]) -> None:
+        """Nothing to do: its bytes arriving kept the store session alive."""
 
     def _compare_set(self, fields: list[Any]) -> bytes:
         return self._state.compare_set(fields[0], fields[1], fields[2])
@@ -609,6 +635,13 @@ class ServerSession:
 
 
 _WHILE_WAITING: Final = "sent while a wait is pending"
+
+
+def _found_any(index: int, value: bytes) -> tuple[int, list[bytes]]:
+    """WAIT_ANY's reply: the index of the key found (decimal digits) and its value."""
+    return (WaitReply.STOP_WAITING, [str(index).encode(), value])
+
+
 _SERVING: Final = Phase.SERVING
 _HANDSHAKE: Final = Phase.HANDSHAKE
 _WAITING: Final = Phase.WAITING
@@ -648,5 +681,7 @@ _HANDLERS: Final[dict[int, tuple[_Handler, Callable[[Any], bytes]]]] = {
         Opcode.SESSION_COMPARE_SET: ServerSession._session_compare_set,
         Opcode.SESSION_WILL: ServerSession._session_will,
         Opcode.SESSION_CLOSE: ServerSession._session_close,
+        Opcode.WAIT_ANY: ServerSession._wait_any,
+        Opcode.WAIT_KEEPALIVE: ServerSession._wait_keepalive,
     }.items()
 }

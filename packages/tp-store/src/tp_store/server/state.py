@@ -17,14 +17,19 @@ from tp_store.sessions.presence import Presence, PresenceBook
 
 
 class Waiter:
-    """A client blocked until a set of keys all exist (WAIT, WAIT_GET, queue pops)."""
+    """A client blocked until a set of keys all exist (WAIT, WAIT_GET, queue pops), or
+    until one of them does (WAIT_ANY: :meth:`StoreState.park_any`)."""
 
-    __slots__ = ("keys", "missing", "wake")
+    __slots__ = ("any_of", "keys", "missing", "wake")
 
-    def __init__(self, keys: Sequence[bytes], wake: Callable[[Waiter], None]) -> None:
+    def __init__(
+        self, keys: Sequence[bytes], wake: Callable[[Waiter], None], any_of: bool = False
+    ) -> None:
         self.keys = keys
         self.missing = 0
         self.wake = wake
+        #: Woken by the first of its keys (WAIT_ANY), and by every push onto it.
+        self.any_of = any_of
 
 
 class BarrierWaiter:
@@ -212,9 +217,16 @@ class StoreState:
         if queue is None:
             queue = self._queues[key] = deque()
         queue.append(value)
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return
+        # A WAIT_ANY takes nothing from the queue: every one of them wakes (a
+        # session's will tells all who wait for it).
+        anyone = [waiter for waiter in waiters if waiter.any_of]
+        for waiter in anyone:
+            del waiters[waiter]
         # One value can satisfy one popper: count the key in for waiters in
         # arrival order until one of them is complete, and wake only that one.
-        waiters = self._waiters.get(key)
         while waiters:
             waiter = next(iter(waiters))
             del waiters[waiter]
@@ -222,8 +234,11 @@ class StoreState:
             if waiter.missing == 0:
                 waiter.wake(waiter)
                 break
-        if waiters is not None and not waiters:
-            del self._waiters[key]
+        if not waiters:
+            self._waiters.pop(key, None)
+        for waiter in anyone:
+            waiter.missing = 0
+            waiter.wake(waiter)  # which unparks it from its other keys
 
     def queue_pop(self, key: bytes) -> tuple[int, bytes | None]:
         """The queue length before the pop, and the popped value (None if empty)."""
@@ -287,6 +302,27 @@ class StoreState:
             self._waiters[key] = {waiter: None}
         else:
             waiters[waiter] = None
+
+    def park_any(self, waiter: Waiter) -> None:
+        """Register ``waiter`` of keys none of which exists: woken by the first written.
+
+        The wake must :meth:`unpark` it from the other keys.
+        """
+        waiter.missing = 1
+        for key in dict.fromkeys(waiter.keys):
+            self._waiters.setdefault(key, {})[waiter] = None
+
+    def first_existing(self, keys: Sequence[bytes]) -> tuple[int, bytes] | None:
+        """The index of the first of ``keys`` that exists and its value (empty for a key
+        holding a queue only); None when none does."""
+        data = self.data
+        for index, key in enumerate(keys):
+            value = data.get(key)
+            if value is not None:
+                return index, value
+            if self._queues.get(key):
+                return index, b""
+        return None
 
     def unpark(self, waiter: Waiter) -> None:
         """Forget a waiter (cancelled, or its connection closed)."""

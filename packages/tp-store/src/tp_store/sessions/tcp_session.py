@@ -65,7 +65,7 @@ class TCPSession(StoreSession):
         # The connection the session lives on (an attached one's handle may reconnect).
         self._connection = link.connections_made
         if attached:
-            # Its waits are parked in slices: never silent for a whole timeout.
+            # Its parked waits send keep-alive frames: never silent for a whole timeout.
             link.attached_session = self
 
     @property

@@ -154,6 +154,24 @@ class HashStore(Store):
             if not data.changed.wait_for(lambda: all(map(data.exists, raw_keys)), seconds):
                 raise timeout_error([key for key in raw_keys if not data.exists(key)], seconds)
 
+    def wait_any(self, keys: Sequence[Data], timeout: Timeout | None = None) -> tuple[int, bytes]:
+        """The index of the first of ``keys`` that exists and its value, once one does."""
+        raw_keys = as_keys(keys)
+        if not raw_keys:
+            raise ValueError("wait_any needs at least one key")
+        seconds = self._deadline_seconds(timeout)
+        data = self._data
+
+        def first() -> int | None:
+            return next((i for i, key in enumerate(raw_keys) if data.exists(key)), None)
+
+        with data.lock:
+            if not data.changed.wait_for(lambda: first() is not None, seconds):
+                raise timeout_error(raw_keys, seconds)
+            index = first()
+            assert index is not None
+            return index, data.values.get(raw_keys[index], b"")
+
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key exists, without blocking."""
         raw_keys = as_keys(keys)

@@ -92,6 +92,10 @@ class PrefixStore(Store):
         """Block until every key exists, or raise ``StoreTimeoutError``."""
         self._store.wait(self._keys(keys), timeout)
 
+    def wait_any(self, keys: Sequence[Data], timeout: Timeout | None = None) -> tuple[int, bytes]:
+        """The index of the first of ``keys`` that exists and its value, once one does."""
+        return self._store.wait_any(self._keys(keys), timeout)
+
     def check(self, keys: Sequence[Data]) -> bool:
         """Whether every key exists, without blocking."""
         return self._store.check(self._keys(keys))

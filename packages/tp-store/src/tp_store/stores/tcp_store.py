@@ -77,6 +77,7 @@ from tp_store.protocol import (
     Set,
     Stats,
     Wait,
+    WaitAny,
     WaitGet,
     WaitReply,
     decode_stats,
@@ -702,54 +703,61 @@ class TCPStore(Store):
         timeout: float,
         keys: Sequence[Data],
     ) -> _T:
-        """A request the server may park (WAIT, WAIT_GET, BARRIER), cancelled on timeout.
+        """A request the server may park (WAIT, WAIT_GET, WAIT_ANY, BARRIER), cancelled
+        on timeout.
 
-        With a session attached to this connection the request is parked in
-        slices shorter than the session's timeout (cancelled and sent again):
-        a frame at least every slice keeps the session alive while its process
-        runs; a stopped process sends none, and its session expires.
+        With a session attached to this connection, a WAIT_KEEPALIVE goes out
+        at least every third of the session's timeout while the request is
+        parked: its frames keep the session alive while its process runs (a
+        stopped process sends none, and its session expires), and the wait
+        stays parked.
         """
         started = _monotonic()
         lock = self._lock
         lock.acquire()
         try:
-            deadline = started + timeout
-            left = timeout
-            while True:
-                attached = self.attached_session
-                wait = left if attached is None else min(left, attached.timeout / 3)
-                answered = self._park(
-                    payload, reply, count, wait, started, keys=keys, asked=timeout
-                )
-                if answered is not None:
-                    return answered
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
+            answered = self._park(payload, reply, count, started, keys=keys, asked=timeout)
         finally:
             lock.release()
-        raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
+        if answered is None:
+            raise timeout_error([as_bytes(key, "key") for key in keys], timeout)
+        return answered
+
+    def _slice(self, left: float) -> float:
+        """How long a parked request waits for its reply before the next frame, with
+        ``left`` seconds to go."""
+        attached = self.attached_session
+        return left if attached is None else min(left, attached.timeout / 3)
 
     def _park(
         self,
         payload: bytes,
         reply: ReplyFormat[_T],
         count: int,
-        timeout: float,
         started: float,
         *,
         keys: Sequence[Data],
         asked: float,
     ) -> _T | None:
-        """Send a request the server may park; its reply, or None once ``timeout``
-        passed and the request was cancelled (lock held; ``started``: as
-        :meth:`_socket`; ``asked``: the caller's timeout, for the error)."""
-        sock = self._ready(timeout, started)
+        """Send a request the server may park; its reply, or None once ``asked``
+        seconds passed and the request was cancelled (lock held; ``started``: as
+        :meth:`_socket`)."""
+        deadline = started + asked
+        sock = self._ready(self._slice(asked), started)
         session = self._session
         try:
             sock.sendall(payload)
             session.parked()
-            value = self._receive(sock, reply, count)
+            while True:
+                try:
+                    value = self._receive(sock, reply, count)
+                    break
+                except _TIMED_OUT:
+                    left = deadline - _monotonic()
+                    if left <= 0:
+                        raise
+                    sock.sendall(session.keep_waiting())
+                    self._set_recv_timeout(sock, self._slice(left))
             session.woken()
             self._used = _monotonic()
             return value
@@ -826,6 +834,30 @@ class TCPStore(Store):
     def wait(self, keys: Sequence[Data], timeout: Timeout | None = None) -> None:
         frame = Wait.frame(_user_keys(keys))
         self._blocking(frame, Wait.reply, 0, self._deadline_seconds(timeout), keys)
+
+    def wait_any(self, keys: Sequence[Data], timeout: Timeout | None = None) -> tuple[int, bytes]:
+        user_keys = _user_keys(keys)
+        if not user_keys:
+            raise ValueError("wait_any needs at least one key")
+        if not self._session.extended:
+            raise UnsupportedOperationError(
+                f"the store at {self.endpoint} is not a tp-store server: it has no wait_any"
+            )
+        seconds = self._deadline_seconds(timeout)
+        frame = WaitAny(user_keys).encode()
+        _, values = self._blocking(frame, WaitAny.reply, 2, seconds, keys)
+        if values is None:
+            raise self._cancelled_unasked()
+        index, value = values
+        if not index.isdigit() or int(index) >= len(user_keys):
+            self._disconnect()
+            raise StoreConnectionError(
+                f"the store at {self.endpoint} answered a wait for {len(user_keys)} keys "
+                f"with the index {index[:32]!r}",
+                self._host,
+                self._port,
+            )
+        return int(index), value
 
     def check(self, keys: Sequence[Data]) -> bool:
         request = Check(_user_keys(keys))
@@ -960,8 +992,9 @@ class TCPStore(Store):
         The session ends when this connection does (a reconnection does not
         carry it over: later calls on the session raise
         :class:`~tp_store.SessionExpiredError`). Every frame on the connection
-        keeps the session alive; its waits are parked in slices of a third of
-        the session's timeout, so a wait never silences it. ``keep_alive``
+        keeps the session alive; a parked wait sends a ``WAIT_KEEPALIVE`` at
+        least every third of the session's timeout, so a wait never silences
+        it. ``keep_alive``
         skips its PING while another call uses the connection (that call's
         frames keep the session alive). Raises
         :class:`~tp_store.UnsupportedOperationError` on PyTorch's server.
