@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import zlib
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,11 +20,11 @@ from tp_rdzv_dynamic.documents.answers import (
     encode_answer,
     encode_roster,
 )
-from tp_rdzv_dynamic.documents.board import ANSWER_BATCH, RendezvousBoard
+from tp_rdzv_dynamic.documents.board import ANSWER_BATCH, VACATED, RendezvousBoard
 from tp_rdzv_dynamic.documents.codecs import decode_outcome
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
-from tp_store import TCPStore
+from tp_store import FileStore, TCPStore
 
 WHERE = "key 'answer/3/a'"
 
@@ -175,3 +177,79 @@ def test_an_answer_for_another_round_is_a_state_error(server: TCPStore):
     assert server.check([key])
     with pytest.raises(RendezvousStateError, match="answers for round 4"):
         board.read_seat(5, node)
+
+
+def _requests(server: TCPStore, before: dict[str, int]) -> dict[str, int]:
+    """The requests the server served since ``before`` (its ``ops``), but the STATS."""
+    after = server.server_stats()["ops"]
+    served = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    served["stats"] -= 1
+    return {op: n for op, n in served.items() if n}
+
+
+def test_a_node_learns_its_seat_or_that_it_has_none_in_one_request(server: TCPStore):
+    outcome = completed(5, waiting=1)
+    RendezvousBoard(server.clone(), "one").publish(outcome)
+    reader = RendezvousBoard(server.clone(), "one")
+    before = server.server_stats()["ops"]
+    assert reader.await_round(3, outcome.participants[4], 1) == Seat(3, 4, 5)
+    assert _requests(server, before) == {"wait_any": 1}
+    # A node of the wait list: the outcome, complete without it.
+    before = server.server_stats()["ops"]
+    found = reader.await_round(3, outcome.wait_list[0], 1)
+    assert isinstance(found, RoundOutcome)
+    assert (found.round, found.world_size) == (3, 5)
+    assert _requests(server, before) == {"wait_any": 1}
+
+
+def test_a_waiting_node_wakes_with_its_seat_once_the_round_is_published(server: TCPStore):
+    outcome = completed(3)
+    reader = RendezvousBoard(server.clone(), "later")
+    answers: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(reader.await_round(3, outcome.participants[1], 30))
+    )
+    waiter.start()
+    RendezvousBoard(server.clone(), "later").publish(outcome)
+    waiter.join(30)
+    assert answers == [Seat(3, 1, 3)]
+
+
+def test_a_waiting_node_wakes_when_the_stewards_session_ends(server: TCPStore):
+    steward = RendezvousBoard(server.clone(), "vacancy")
+    session = steward.open_session(60, "the steward's session")
+    assert session is not None
+    steward.leave_vacancy_will(session, 7)
+    reader = RendezvousBoard(server.clone(), "vacancy")
+    node = _NodeDesc("a", 1, 0)
+    answers: list[object] = []
+    waiter = threading.Thread(target=lambda: answers.append(reader.await_round(3, node, 30, 7)))
+    waiter.start()
+    session.close()
+    waiter.join(30)
+    assert answers == [VACATED]
+    # The vacancy of another epoch does not end a wait.
+    assert reader.await_round(3, node, 0.1, 8) is None
+
+
+def test_a_store_that_cannot_wait_for_either_key_reads_the_outcome_then_the_seat(
+    tmp_path: Path,
+):
+    store = FileStore(str(tmp_path / "store"), 1)
+    outcome = completed(2, waiting=1)
+    RendezvousBoard(store, "file").publish(outcome)
+    reader = RendezvousBoard(FileStore(str(tmp_path / "store"), 1), "file")
+    assert reader.await_round(3, outcome.participants[1], 1) is None  # it said it cannot
+    assert not reader.waits_for_either
+    assert reader.await_round(3, outcome.participants[1], 1) == Seat(3, 1, 2)
+    found = reader.await_round(3, outcome.wait_list[0], 1)
+    assert isinstance(found, RoundOutcome)
+    assert found.world_size == 2
+
+
+def test_an_answer_for_another_round_ends_a_wait_as_a_state_error(server: TCPStore):
+    board = RendezvousBoard(server.clone(), "odd-wait")
+    node = _NodeDesc("a", 1, 0)
+    server.set(board.keys.answer(5, node.key), encode_answer(Seat(4, 0, 1)))
+    with pytest.raises(RendezvousStateError, match="answers for round 4"):
+        board.await_round(5, node, 10)

@@ -27,6 +27,7 @@ def test_every_key_of_a_run_is_where_other_versions_look():
         keys.roster(3),
         keys.heartbeat("host_7_0"),
         keys.stale(3),
+        keys.vacated(3),
         keys.bootstrap(3),
         keys.receipt(keys.new_receipt("host_7_0", 5)),
         keys.round_store(3),
@@ -43,6 +44,7 @@ def test_every_key_of_a_run_is_where_other_versions_look():
         "tp_rdzv/job-1/roster/3",
         "tp_rdzv/job-1/hb/host_7_0",
         "tp_rdzv/job-1/stale/3",
+        "tp_rdzv/job-1/vacated/3",
         "tp_rdzv/job-1/bootstrap/3",
         "tp_rdzv/job-1/rcpt/host_7_0/5",
         "tp_rdzv/job-1/r3",
@@ -70,6 +72,7 @@ def test_the_design_note_lists_every_key_and_no_other():
         keys.heartbeat("<node>"),
         keys.presence("<node>"),
         keys.stale(0).replace("/0", "/<round>"),
+        keys.vacated(0).replace("/0", "/<epoch>"),
         keys.bootstrap(0).replace("/0", "/<round>"),
         keys.receipt("rcpt/<id>"),
     }

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from tp_rdzv_dynamic.documents.codecs import Lease, encode_message
 from tp_rdzv_dynamic.documents.layout import RunLayout
 from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.steward.tenure import WILLS_PER_SESSION
-from tp_store import FileStore
+from tp_store import FileStore, HashStore, Store
 
 KEYS = RunLayout(RUN)
 
@@ -157,6 +158,40 @@ def test_a_dead_stewards_lease_is_vacant_at_once_and_taken_without_a_silence(
     assert state.epoch > before.epoch
 
 
+def test_a_joiner_waiting_for_its_round_takes_a_dead_stewards_lease_at_once(make_node, server):
+    # Intervals of a minute: a waiting node's first look at the lease is a liveness
+    # bound (two minutes) away, so only the steward session's will can wake the
+    # waiting nodes in time.
+    steward, joiner, observer = [make_node(3, 3, interval=60, join=120) for _ in range(3)]
+    with ThreadPoolExecutor(2) as pool:
+        waits = [pool.submit(steward.next_rendezvous)]
+        wait_until(lambda: Lease.parse(server.get(KEYS.lease)).session_held, seconds=30)
+        # The joiner reads the lease held through the steward's session, and waits
+        # for its vacancy too.
+        waits.append(pool.submit(joiner.next_rendezvous))
+        # Read on an idle node's connection (a waiting node's is busy with its wait).
+        wait_until(lambda: observer._board.pending() == 2, seconds=30)
+        before = Lease.parse(server.get(KEYS.lease))
+        # The store ends the steward's session: the lease goes, and the session's
+        # will wakes both waiting nodes (the steward's own too: only its session
+        # ended here), one of which takes the lease over through its own session.
+        steward._office._steward._tenure.close()  # type: ignore[union-attr]
+
+        def taken_over() -> bool:
+            if not server.check([KEYS.lease]):  # vacant: deleted with the session
+                return False
+            lease = Lease.parse(server.get(KEYS.lease))
+            return lease.epoch > before.epoch and lease.session_held
+
+        wait_until(taken_over, seconds=20)
+        after = Lease.parse(server.get(KEYS.lease))
+        assert after.holder in {steward.node.key, joiner.node.key}
+        observer.set_closed()  # the closing is the outcome both wait for
+        for wait in waits:
+            with pytest.raises(RendezvousClosedError):
+                wait.result(60)
+
+
 def test_a_waiting_joiner_shows_in_the_state_at_once(make_node):
     handlers = [make_node(2, 3, interval=60) for _ in range(2)]
     rendezvous_all(handlers)
@@ -192,6 +227,63 @@ def file_handler(path: Path, interval: float) -> DynamicRendezvousHandler:
         keep_alive_interval=interval,
         keep_alive_max_attempt=2,
     )
+
+
+class SessionsWithoutWaitAny(HashStore):
+    """A user's store with sessions but without ``wait_any`` (as etcd's is today)."""
+
+    wait_any = Store.wait_any
+
+    def clone(self) -> SessionsWithoutWaitAny:
+        twin = SessionsWithoutWaitAny(self.timeout)
+        twin._data = self._data
+        return twin
+
+
+def test_on_a_store_without_wait_any_waiting_nodes_tick_to_find_a_dead_steward():
+    data = SessionsWithoutWaitAny(timedelta(seconds=10))
+    handlers = []
+    for _ in range(3):
+        store = data.clone()
+        handlers.append(
+            DynamicRendezvousHandler.from_backend(
+                RUN,
+                store,
+                TpRendezvousBackend(store, RUN),
+                3,
+                3,
+                local_addr="127.0.0.1",
+                timeout=RendezvousTimeout(join=60, last_call=0.3),
+                keep_alive_interval=0.5,
+                keep_alive_max_attempt=20,  # a bound of 10 s: only ticks find it sooner
+            )
+        )
+    steward, joiner, observer = handlers
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            waits = [pool.submit(steward.next_rendezvous)]
+            wait_until(lambda: Lease.parse(data.get(KEYS.lease)).session_held, seconds=30)
+            waits.append(pool.submit(joiner.next_rendezvous))
+            wait_until(lambda: observer._board.pending() == 2, seconds=30)
+            before = Lease.parse(data.get(KEYS.lease))
+            steward._office._steward._tenure.close()  # type: ignore[union-attr]
+            # The nodes learnt that the store cannot wait for the vacancy: they tick.
+            wait_until(
+                lambda: (
+                    data.check([KEYS.lease])
+                    and Lease.parse(data.get(KEYS.lease)).epoch > before.epoch
+                ),
+                seconds=8,
+            )
+            observer.set_closed()
+            for wait in waits:
+                with pytest.raises(RendezvousClosedError):
+                    wait.result(60)
+    finally:
+        for handler in handlers:
+            handler._office.stop()
+            handler._heartbeats.stop()
+            handler._presence.close()
 
 
 def test_without_sessions_nodes_beat_counters_and_the_steward_reports_ages(tmp_path):

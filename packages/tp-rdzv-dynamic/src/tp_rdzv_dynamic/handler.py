@@ -6,8 +6,9 @@ A node is present through a store session (:mod:`.node.presence`) from its
 first rendezvous on; on a store without sessions it heartbeats instead. While
 waiting, it watches the steward's lease through its
 :class:`~.steward.office.StewardOffice`, which takes the lease over when it is
-vacant (at once when its steward's session ended) or, held without a session,
-has stopped moving for the liveness bound.
+vacant (at once when its steward's session ended: the session's will wakes the
+waiting nodes) or, held without a session, has stopped moving for the
+liveness bound.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tp_store import PrefixStore, Store
 from .backends.backend import RendezvousBackend
 from .backends.holder import _RendezvousStateHolder
 from .documents.answers import Seat
-from .documents.board import RendezvousBoard
+from .documents.board import VACATED, RendezvousBoard
 from .events import log_event
 from .model.decisions import Join, Leave
 from .model.node_desc import _NodeDesc, _NodeDescGenerator
@@ -114,7 +115,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # At least two pings per session timeout (keep_alive_max_attempt may be 1).
         beat_every = min(self._tick, bound / 2)
         self._heartbeats = Heartbeats(args.settings.run_id, args.node, beat_every, self._beat)
-        self._ticks = JoinTicks(self._board, args.node, self._office, self._tick, self._presence)
+        self._ticks = JoinTicks(
+            self._board, args.node, self._office, self._tick, self._presence, bound=bound
+        )
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
         # Without sessions, the nodes of ranks 0 and 1 watch the lease between rounds.
@@ -251,7 +254,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         deadline = JoinDeadline(node, self._holder, self._settings.timeout.join, now)
         # Present before the join is posted: the steward watches whom it seats.
         if self._presence.open():
-            counter = None
+            # A renewal of the session from here on posts the join again.
+            counter = self._presence.renewals
             self._heartbeats.start(self._round or 0)
         else:
             counter = board.beat(node)
@@ -259,7 +263,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # the outcome of the round this node waits for.
         # The round comes with the lease, read before posting: read after, it
         # could already be past the round this join completes.
-        round_ = self._office.watch(now).round
+        lease = self._office.watch(now)
+        round_ = lease.round
         if self._round is not None:
             # The steward moves the lease's hint only after publishing the
             # outcome: a node calling again at once could read the old hint,
@@ -268,10 +273,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
         self._office.post(Join(node, self._hint, round_))
-        # This thread waits for the outcome on the node's connection, which holds
-        # its presence session; it wakes once per interval to tick (the lease
+        # This thread waits for its answer on the node's connection, which holds
+        # its presence session. Under a steward holding the lease through a
+        # session it waits for that too (the session's will), and ticks only if
+        # the steward left; else it wakes once per interval to tick (the lease
         # watched, the join posted again if needed) and waits again.
-        self._ticks.start(Join(node, self._hint, round_), counter, now)
+        self._ticks.start(Join(node, self._hint, round_), counter, now, lease)
         try:
             while True:
                 now = time.monotonic()
@@ -280,32 +287,38 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     error = roll_back_join(node, self._settings, board, self._round)
                     self._office.stop()  # after the receipt: this node's steward may confirm it
                     raise error
+                if self._presence.offered and not self._presence.present and self._present_again():
+                    # Its session ended with the connection it lived on (the store
+                    # closed it, a request of this thread connected again): present
+                    # again, and the join posted again, before a wait that no tick
+                    # may interrupt.
+                    self._ticks.hurry()
                 self._ticks.tick_if_due(now)
                 try:
-                    outcome = board.await_outcome(
-                        round_, self._ticks.wait(now, deadline.remaining(now))
+                    found = board.await_round(
+                        round_,
+                        node,
+                        self._ticks.wait(now, deadline.remaining(now)),
+                        self._ticks.vacancy(),
                     )
-                    if outcome is None:
-                        continue
-                    if outcome.error is not None:
-                        raise RendezvousStateError(outcome.error)
-                    if outcome.closed:
-                        raise closed_error(node, self.get_run_id(), self._holder)
-                    # Its own answer, not the whole round: O(1) bytes per node.
-                    seat = board.read_seat(outcome.round, node)
                 except RendezvousConnectionError:
                     if not self._present_again():
                         raise
                     self._ticks.hurry()  # found gone: the join goes again at once
                     continue
-                if seat is not None:
-                    if seat.world_size != outcome.world_size:
-                        raise RendezvousStateError(
-                            f"round {outcome.round} has {outcome.world_size} nodes, but the "
-                            f"answer to {node} says {seat.world_size}"
-                        )
-                    return seat
-                round_ = outcome.round + 1
+                if found is None:
+                    continue
+                if found is VACATED:
+                    self._ticks.hurry()  # the steward is gone: the lease, at once
+                    continue
+                if isinstance(found, Seat):
+                    return found
+                if found.error is not None:
+                    raise RendezvousStateError(found.error)
+                if found.closed:
+                    raise closed_error(node, self.get_run_id(), self._holder)
+                # Complete without this node (a spare): it waits for the next round.
+                round_ = found.round + 1
                 self._ticks.ask(Join(node, self._hint, round_))
         finally:
             self._ticks.stop()

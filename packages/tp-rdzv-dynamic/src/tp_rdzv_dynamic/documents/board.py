@@ -8,10 +8,11 @@ deal with one exception type.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError, RendezvousStoreInfo
 from tp_rdzv_dynamic.model.decisions import Message
@@ -38,6 +39,17 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+
+class Vacated(enum.Enum):
+    """The type of :data:`VACATED`."""
+
+    VACATED = "vacated"
+
+
+#: What :meth:`RendezvousBoard.await_round` answers when the steward left the lease
+#: vacant before the round's outcome came.
+VACATED: Final = Vacated.VACATED
+
 #: The most messages the steward takes from the mailbox before deciding.
 MAX_BATCH = 4096
 #: The most answers the steward writes in one request (a few dozen bytes each).
@@ -51,6 +63,8 @@ class RendezvousBoard:
         self.store = store
         self.run_id = run_id
         self.keys = RunLayout(run_id)
+        #: Whether the store can wait for either of two keys (until it said it cannot).
+        self.waits_for_either = True
 
     @contextmanager
     def _store_errors(self, what: str) -> Iterator[None]:
@@ -112,6 +126,11 @@ class RendezvousBoard:
         keys = [self.keys.presence(node.key) for node in nodes]
         return self._call("checking presence", lambda: self.store.check(keys)) if keys else True
 
+    def leave_vacancy_will(self, session: StoreSession, epoch: int) -> None:
+        """Have the end of ``session``, which holds the lease at ``epoch``, push that
+        epoch's vacancy key (raises the session's errors: the caller owns it)."""
+        session.add_will(self.keys.vacated(epoch), "1")
+
     def mark_stale_when_ended(self, session: StoreSession, round_: int) -> None:
         """Have ``session``'s end mark the completed ``round_`` stale (a will pushing onto
         its stale key, which ``wait`` and ``check`` then find)."""
@@ -157,15 +176,64 @@ class RendezvousBoard:
         """The number of nodes gathered in the open round."""
         return self._call("reading the open round", lambda: self.store.add(self.keys.pending, 0))
 
-    def await_outcome(self, round_: int, timeout: float) -> RoundOutcome | None:
-        """The outcome of ``round_`` once published, or ``None`` after ``timeout`` seconds."""
+    def await_round(
+        self, round_: int, node: _NodeDesc, timeout: float, vacancy: int | None = None
+    ) -> Seat | RoundOutcome | Vacated | None:
+        """What ends ``node``'s wait for ``round_``; ``None`` after ``timeout`` seconds.
+
+        Its seat once the round completed with it; the round's outcome
+        otherwise (closed, an error, or complete without it); or, with
+        ``vacancy`` (an epoch), :data:`VACATED` first if the steward of that
+        epoch left the lease vacant.
+
+        One request where the store waits for the first of several keys: the
+        node's answer (written before the outcome, so a seated node never
+        reads the outcome), the outcome, the vacancy. Elsewhere (and from the
+        moment a store says it cannot: then ``None`` at once, and
+        :attr:`waits_for_either` false) the outcome, then the seat: two
+        requests, and no vacancy.
+        """
+        outcome_key = self.keys.outcome(round_)
+        if not self.waits_for_either:
+            return self._await_outcome_then_seat(round_, node, timeout)
+        keys = [self.keys.answer(round_, node.key), outcome_key]
+        if vacancy is not None:
+            keys.append(self.keys.vacated(vacancy))
+        with self._store_errors(f"waiting for round {round_}"):
+            try:
+                found, raw = self.store.wait_any(keys, timeout)
+            except StoreTimeoutError:
+                return None
+            except UnsupportedOperationError:
+                self.waits_for_either = False
+                return None
+        if found == 0:
+            return _seat(raw, keys[0], round_)
+        if found == 1:
+            return decode_outcome(raw, outcome_key)
+        return VACATED
+
+    def _await_outcome_then_seat(
+        self, round_: int, node: _NodeDesc, timeout: float
+    ) -> Seat | RoundOutcome | None:
         key = self.keys.outcome(round_)
         with self._store_errors(f"waiting for round {round_}"):
             try:
                 raw = self.store.wait_get(key, timeout)
             except StoreTimeoutError:
                 return None
-        return decode_outcome(raw, key)
+        outcome = decode_outcome(raw, key)
+        if outcome.error is not None or outcome.closed:
+            return outcome
+        seat = self.read_seat(outcome.round, node)
+        if seat is None:
+            return outcome
+        if seat.world_size != outcome.world_size:
+            raise RendezvousStateError(
+                f"round {outcome.round} has {outcome.world_size} nodes, but the "
+                f"answer to {node} says {seat.world_size}"
+            )
+        return seat
 
     # -- the workers' bootstrap store ---------------------------------------------
     def publish_bootstrap(self, round_: int, info: RendezvousStoreInfo) -> None:
@@ -289,14 +357,7 @@ class RendezvousBoard:
         """
         key = self.keys.answer(round_, node.key)
         raw = self._call(f"reading round {round_}", lambda: self.store.compare_set(key, "", ""))
-        if not raw:
-            return None
-        seat = decode_answer(raw, key)
-        if seat.round != round_:
-            raise RendezvousStateError(
-                f"the rendezvous document at {key} answers for round {seat.round}"
-            )
-        return seat
+        return _seat(raw, key, round_) if raw else None
 
     def read_roster(self, round_: int) -> Roster:
         """The lists of the completed ``round_`` (written before its outcome)."""
@@ -390,3 +451,13 @@ class RendezvousBoard:
         if receipts:
             keys = [self.keys.receipt(receipt) for receipt in receipts]
             self._call("confirming receipts", lambda: self.store.multi_set(keys, ["1"] * len(keys)))
+
+
+def _seat(raw: bytes, key: str, round_: int) -> Seat:
+    """The answer ``raw`` read at ``key``, which must be for ``round_``."""
+    seat = decode_answer(raw, key)
+    if seat.round != round_:
+        raise RendezvousStateError(
+            f"the rendezvous document at {key} answers for round {seat.round}"
+        )
+    return seat

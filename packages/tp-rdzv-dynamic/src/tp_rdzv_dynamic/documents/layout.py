@@ -82,6 +82,11 @@ class RunLayout:
         """Set once the completed ``round_`` no longer describes the job."""
         return f"{self.prefix}stale/{round_}"
 
+    def vacated(self, epoch: int) -> str:
+        """Pushed by the will of the steward of ``epoch`` when the session it holds the
+        lease through ends: nodes waiting for a round wake, and one takes the lease over."""
+        return f"{self.prefix}vacated/{epoch}"
+
     def receipt(self, receipt: str) -> str:
         """The key confirming ``receipt`` (which starts with :data:`RECEIPT_PREFIX`)."""
         return self.prefix + receipt

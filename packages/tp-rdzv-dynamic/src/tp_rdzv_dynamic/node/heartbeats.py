@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousError
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import Lease
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
@@ -171,12 +172,22 @@ class JoinTicks:
     The first tick falls at a random point of the second half of the
     interval, so that nodes that started together tick apart.
 
+    Where the node is present through a session and the store can wait for
+    either of several keys, the node waits for its steward's vacancy too
+    (:meth:`vacancy`: the key the session holding the lease pushes when it
+    ends) and ticks at once then (:meth:`hurry`); otherwise it ticks once per
+    liveness bound, not per interval: that judges the silence of a taker that
+    died before it held the lease through a session, and posts again a join
+    lost some other way. The node's connection's frames keep its own session
+    alive meanwhile (``TCPStore`` sends them while the wait is parked).
+
     Args:
         board: the node's board.
         node: this node.
         office: the node's steward office.
         interval: the keep-alive interval.
         presence: the node's presence (its pings are the heartbeats' job).
+        bound: the liveness bound.
     """
 
     def __init__(
@@ -186,23 +197,30 @@ class JoinTicks:
         office: StewardOffice,
         interval: float,
         presence: NodePresence,
+        *,
+        bound: float,
     ) -> None:
         self._board = board
         self._node = node
         self._office = office
         self._interval = interval
         self._presence = presence
+        self._bound = bound
         self._join: Join | None = None
+        self._lease: Lease | None = None  # as the last look found it
         # The heartbeat counter as this node last saw it, or its presence's renewals.
         self._counter = 0
-        self._due = 0.0
+        self._due = 0.0  # when the next tick is due (0: at the next look)
+        self._scheduled = interval  # the period it was scheduled with
 
-    def start(self, join: Join, counter: int | None, now: float) -> None:
-        """Tick while ``join`` waits, the heartbeat ``counter`` as the node last saw it
-        (``None``: the node is present through a session)."""
+    def start(self, join: Join, counter: int, now: float, lease: Lease) -> None:
+        """Tick while ``join`` waits: ``counter`` is the heartbeat counter as the node
+        last saw it, or (present through a session) its presence's renewals before
+        the join was posted; ``lease`` as the node read it."""
         self._join = join
-        self._counter = self._presence.renewals if counter is None else counter
-        self._due = now + self._interval * random.uniform(0.5, 1.0)
+        self._lease = lease
+        self._counter = counter
+        self._schedule(now)
 
     def ask(self, join: Join) -> None:
         """The node now waits for ``join`` (a later round): posted again with it."""
@@ -216,21 +234,48 @@ class JoinTicks:
         """Tick at the next look, not an interval later."""
         self._due = 0.0
 
+    def vacancy(self) -> int | None:
+        """The epoch whose vacancy key ends the node's wait too; ``None`` when the node
+        learns of its steward's end by ticking only."""
+        lease = self._lease
+        if (
+            lease is None
+            or not lease.holder
+            or not self._presence.offered
+            or not self._board.waits_for_either
+        ):
+            return None
+        return lease.epoch
+
     def wait(self, now: float, remaining: float) -> float:
         """How long the node waits before its next tick, at most ``remaining`` seconds."""
+        if self._due and self._period() != self._scheduled:
+            self._schedule(now)  # the store said it cannot wait for the vacancy
         return max(min(self._due - now, remaining), 0.0)
 
     def tick_if_due(self, now: float) -> None:
         """Tick, if the interval passed (a tick that fell behind is not caught up)."""
         if self._join is None or now < self._due:
             return
-        after = self._due + self._interval
-        self._due = after if after > now else now + self._interval
+        join = self._join
         try:
-            self._tick(self._join, now)
+            self._tick(join, now)
         except RendezvousError as exc:
             # The node's own wait meets the same store, and fails or times out.
-            _warn(self._board.run_id, self._node, self._join.round, f"a tick failed: {exc}")
+            _warn(self._board.run_id, self._node, join.round, f"a tick failed: {exc}")
+        period = self._scheduled = self._period()
+        after = self._due + period
+        self._due = after if after > now else now + period
+
+    def _schedule(self, now: float) -> None:
+        """The next tick from ``now`` on: a look at a random point of the second half of
+        the interval, so that nodes that started together tick apart."""
+        period = self._scheduled = self._period()
+        self._due = now + period * (random.uniform(0.5, 1.0) if period == self._interval else 1)
+
+    def _period(self) -> float:
+        """Seconds from one tick to the next under the lease as last read."""
+        return self._interval if self.vacancy() is None else self._bound
 
     def _tick(self, join: Join, now: float) -> None:
         board = self._board
@@ -238,7 +283,7 @@ class JoinTicks:
         counter = self._presence.renewals if present else board.beat(self._node)
         found_dead = counter != self._counter if present else counter <= self._counter
         self._counter = counter
-        self._office.watch(now, rejoin=join)
+        self._lease = self._office.watch(now, rejoin=join)
         if found_dead:
             log_event(
                 log,

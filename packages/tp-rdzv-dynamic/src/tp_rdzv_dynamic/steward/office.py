@@ -13,9 +13,11 @@ lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
+from tp_rdzv_api import RendezvousConnectionError
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.documents.codecs import Lease
@@ -25,7 +27,7 @@ from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
 
 from .steward import Steward
-from .tenure import Tenure
+from .tenure import LeaseLost, Tenure
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +142,16 @@ class StewardOffice:
         self.stop(board)
         board = self._board.clone("the steward's connection")
         tenure = Tenure(board, self._node.key, desired, self._bound)
+        # Held through a session from here, not once the steward's thread runs
+        # (seconds, in a process of busy threads): the nodes that read the lease
+        # from now on wait for its vacancy instead of ticking.
+        with contextlib.suppress(LeaseLost, RendezvousConnectionError):
+            tenure.hold_through_session()  # else the steward's thread tries, and reports
         steward = Steward(
             self._node, self._settings, board, self._holder.clone(), tenure, suspect=suspect
         )
         steward.start()
         self._steward = steward
-        taken = Lease.parse(desired)
+        taken = tenure.lease
         self._note(taken, now)
         return taken

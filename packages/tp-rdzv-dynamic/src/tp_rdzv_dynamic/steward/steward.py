@@ -158,7 +158,8 @@ class Steward:
     # -- the steps ----------------------------------------------------------------
     def _take_office(self) -> None:
         """Load the state and stamp it with this epoch, which fences older stewards out."""
-        self._tenure.hold_through_session()
+        if not self._tenure.session_held:  # the office's attempt failed
+            self._tenure.hold_through_session()
         state, token = self.holder.load()
         for _ in range(_MAX_RETRIES):
             self._state = state

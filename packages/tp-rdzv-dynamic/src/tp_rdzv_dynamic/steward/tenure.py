@@ -8,7 +8,12 @@ On a store with sessions the steward holds the lease through a store session
 of its own: the store deletes the lease the moment that session ends (the
 steward's process died, or froze past the liveness bound), so the lease is
 vacant at once instead of after a silence. The session's wills mark the
-completed round stale then, which wakes the agents in ``wait_for_change``.
+completed round stale then, which wakes the agents in ``wait_for_change``,
+and push the epoch's vacancy key, which wakes the nodes waiting for a round
+(they wait for either their round's outcome or that key: no node ticks to
+watch a lease held through a session). A vacancy key, once pushed, stays:
+each epoch's lease is held through one session, and a new session takes the
+next epoch.
 """
 
 from __future__ import annotations
@@ -54,9 +59,16 @@ class Tenure:
         self._timeout = timeout
         self._session: StoreSession | None = None
         self._wills = 0
+        # The session and epoch whose vacancy will was left last.
+        self._vacancy_will: tuple[StoreSession, int] | None = None
         self.epoch = taken.epoch
         #: The round the lease tells joiners to wait for.
         self.round = taken.round
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as this holder last wrote it."""
+        return Lease.parse(self._raw)
 
     @property
     def session_held(self) -> bool:
@@ -70,11 +82,16 @@ class Tenure:
         costs no session); a holder that died before this point leaves a
         lease that waiters judge by its silence, as on stores without sessions.
         """
+        return self._hold(self.epoch)
+
+    def _hold(self, epoch: int) -> bool:
+        """Hold the lease at ``epoch`` through a new session (:meth:`hold_through_session`)."""
         session = self._board.open_session(self._timeout, "the steward's session")
         if session is None:
             return False
+        self._wills = 0
         try:
-            self._write(self.epoch, self._holder, SESSION_BEAT, self.round, session)
+            self._write(epoch, self._holder, SESSION_BEAT, self.round, session)
         except BaseException:
             with contextlib.suppress(StoreError):
                 session.close()
@@ -116,17 +133,18 @@ class Tenure:
     def mark_stale_when_ended(self, round_: int) -> None:
         """Have the completed ``round_`` marked stale if this steward's session ends.
 
-        A full session is replaced first: the new one takes the lease over
-        (a write moves its ownership), then the old one is closed, which
-        pushes its wills, all of older rounds.
+        A full session is replaced first: the new one takes the lease over at
+        the next epoch (a write moves its ownership), then the old one is
+        closed, which pushes its wills: stale marks of older rounds, and the
+        vacancy of the epoch before (its waiters wake, read the new epoch,
+        and post their joins again to this steward, which takes them as repeats).
         """
         old = self._session
         if old is None:
             return
         if self._wills >= WILLS_PER_SESSION:
             self._session = None
-            self.hold_through_session()
-            self._wills = 0
+            self._hold(self.epoch + 1)
             with contextlib.suppress(StoreError):
                 old.close()
         if self._session is None:
@@ -169,6 +187,12 @@ class Tenure:
             held = self._board.swap_lease(self._raw, desired)
         else:
             try:
+                if self._vacancy_will != (session, epoch):
+                    # Left before the lease says it is held through the session: a
+                    # node that reads so waits for this will.
+                    self._board.leave_vacancy_will(session, epoch)
+                    self._vacancy_will = (session, epoch)
+                    self._wills += 1
                 held = session.compare_set(self._board.keys.lease, self._raw, desired)
             except SessionExpiredError as exc:
                 raise LeaseLost from exc

@@ -70,8 +70,9 @@ class TCPSession(StoreSession):
 
     @property
     def ended(self) -> bool:
-        """Whether the session ended: closed, or its connection lost."""
-        return self._ended
+        """Whether the session ended: closed, or its connection lost (an attached
+        session's handle reconnected for another call: the server ended it)."""
+        return self._ended or not self._on_its_connection()
 
     def set(self, key: Data, value: Data) -> None:
         """Store ``value`` under ``key``, owned by this session."""
