@@ -72,6 +72,28 @@ def stop_handler(handler: DynamicRendezvousHandler) -> None:
     handler._bootstrap.shutdown()
 
 
+def close_presence_connection(server: TCPStore, handler: DynamicRendezvousHandler) -> None:
+    """Make ``server`` close the connection that holds ``handler``'s presence session,
+    as it does when the session expires (its process was frozen past the bound)."""
+    thread = server._server
+    assert thread is not None
+    assert handler._presence._session is not None
+    session_id = handler._presence._session.id
+
+    def close() -> int:
+        held = [
+            connection
+            for connection in list(thread.server.connections)
+            if connection._session.store_session is not None
+            and connection._session.store_session.id == session_id
+        ]
+        for connection in held:
+            connection.close("the test ends its presence session", action="test")
+        return len(held)
+
+    assert thread.call(close) == 1
+
+
 @contextmanager
 def running_server() -> Iterator[TCPStore]:
     """A real TCPStore server on loopback, closed on leaving."""

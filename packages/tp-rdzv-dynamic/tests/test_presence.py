@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from handler_threads import RUN, rendezvous_all, wait_until
+from handler_threads import RUN, close_presence_connection, rendezvous_all, wait_until
 
 from tp_rdzv_api import RendezvousClosedError, RendezvousTimeout
 from tp_rdzv_dynamic import DynamicRendezvousHandler, TpRendezvousBackend
@@ -113,6 +113,41 @@ def test_a_node_whose_session_ends_is_removed_and_the_round_goes_stale(make_node
     assert [r.node for r in records(caplog, "node_gone")] == [str(victim.node)]  # type: ignore[attr-defined]
     assert not records(caplog, "node_dead")
     infos = rendezvous_all(survivors)
+    assert {info.world_size for info in infos} == {2}
+
+
+@pytest.mark.parametrize("victim_is_steward", [False, True], ids=["member", "steward"])
+def test_a_node_whose_connection_the_store_closed_while_idle_joins_the_next_round(
+    make_node, server, victim_is_steward
+):
+    # Intervals of a minute: no ping finds the session gone before the agent asks.
+    handlers = [make_node(2, 2, interval=60, join=30) for _ in range(2)]
+    rendezvous_all(handlers)
+    victim = next(h for h in handlers if h._office.running == victim_is_steward)
+    # The store closes a connection with its session when the session expires:
+    # the node's process was frozen past the liveness bound between rounds.
+    close_presence_connection(server, victim)
+    # Its first request finds the connection closed: it connects again, is present
+    # again, and posts its join.
+    infos = rendezvous_all(handlers)
+    assert {info.world_size for info in infos} == {2}
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert victim._presence.present
+    assert victim._presence.renewals == 1
+
+
+def test_an_agents_polls_survive_the_store_closing_the_nodes_connection(make_node, server):
+    handlers = [make_node(2, 2, interval=60, join=30) for _ in range(2)]
+    rendezvous_all(handlers)
+    member = next(h for h in handlers if not h._office.running)
+    # An agent polls these while its workers run; each finds the connection
+    # closed once, and answers from a new one instead of failing the agent.
+    close_presence_connection(server, member)
+    assert member.num_nodes_waiting() == 0
+    close_presence_connection(server, member)
+    assert not member.is_closed()
+    assert member._presence.renewals == 2
+    infos = rendezvous_all(handlers)
     assert {info.world_size for info in infos} == {2}
 
 

@@ -14,9 +14,12 @@ liveness bound.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from tp_rdzv_api import (
     RendezvousConnectionError,
@@ -32,6 +35,7 @@ from .backends.backend import RendezvousBackend
 from .backends.holder import _RendezvousStateHolder
 from .documents.answers import Seat
 from .documents.board import VACATED, RendezvousBoard
+from .documents.codecs import Lease
 from .events import log_event
 from .model.decisions import Join, Leave
 from .model.node_desc import _NodeDesc, _NodeDescGenerator
@@ -48,6 +52,8 @@ from .status import RendezvousStatus, observe_run
 from .steward.office import StewardOffice
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Without store sessions, the nodes of this many lowest ranks of a round watch
 #: the steward lease between rounds (more than one: one of them may be the steward).
@@ -192,7 +198,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def is_closed(self) -> bool:
         """Whether the rendezvous has been marked closed."""
-        return self._board.is_closed()
+        return self._retried_if_present_again(self._board.is_closed)
 
     def num_nodes_waiting(self) -> int:
         """Number of nodes queued for the next round (pending scale-up).
@@ -201,7 +207,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         store's process died: the agent restarts its workers, and the round is
         redone with a new one.
         """
-        waiting = self._board.waiting()
+        waiting = self._retried_if_present_again(self._board.waiting)
         return max(waiting, 1) if self._bootstrap.lost() else waiting
 
     def next_rendezvous(self) -> RendezvousInfo:
@@ -252,27 +258,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         now = time.monotonic()
         # A spare (beyond max_nodes) has no deadline while it waits.
         deadline = JoinDeadline(node, self._holder, self._settings.timeout.join, now)
-        # Present before the join is posted: the steward watches whom it seats.
-        if self._presence.open():
-            # A renewal of the session from here on posts the join again.
-            counter = self._presence.renewals
-            self._heartbeats.start(self._round or 0)
-        else:
-            counter = board.beat(node)
-        # No closed check first: a closed rendezvous has published "closed" as
-        # the outcome of the round this node waits for.
-        # The round comes with the lease, read before posting: read after, it
-        # could already be past the round this join completes.
-        lease = self._office.watch(now)
-        round_ = lease.round
-        if self._round is not None:
-            # The steward moves the lease's hint only after publishing the
-            # outcome: a node calling again at once could read the old hint,
-            # have its join taken as a repeat, and get back the round it
-            # already holds while the others wait for a new one.
-            round_ = max(round_, self._round + 1)
-        self._event(logging.DEBUG, "joining", f"{node} joins round {round_}", round_=round_)
-        self._office.post(Join(node, self._hint, round_))
+        counter, lease, round_ = self._retried_if_present_again(
+            functools.partial(self._post_join, now)
+        )
         # This thread waits for its answer on the node's connection, which holds
         # its presence session. Under a steward holding the lease through a
         # session it waits for that too (the session's will), and ticks only if
@@ -323,6 +311,45 @@ class DynamicRendezvousHandler(RendezvousHandler):
         finally:
             self._ticks.stop()
 
+    def _post_join(self, now: float) -> tuple[int, Lease, int]:
+        """Be present and post this node's join: the counter whose change means
+        the join must go again, the lease read, and the round joined."""
+        # Present before the join is posted: the steward watches whom it seats.
+        if self._presence.open():
+            # A renewal of the session from here on posts the join again.
+            counter = self._presence.renewals
+            self._heartbeats.start(self._round or 0)
+        else:
+            counter = self._board.beat(self._node)
+        # No closed check first: a closed rendezvous has published "closed" as
+        # the outcome of the round this node waits for.
+        # The round comes with the lease, read before posting: read after, it
+        # could already be past the round this join completes.
+        lease = self._office.watch(now)
+        round_ = lease.round
+        if self._round is not None:
+            # The steward moves the lease's hint only after publishing the
+            # outcome: a node calling again at once could read the old hint,
+            # have its join taken as a repeat, and get back the round it
+            # already holds while the others wait for a new one.
+            round_ = max(round_, self._round + 1)
+        self._event(logging.DEBUG, "joining", f"{self._node} joins round {round_}", round_=round_)
+        self._office.post(Join(self._node, self._hint, round_))
+        return counter, lease, round_
+
+    def _retried_if_present_again(self, operation: Callable[[], _T]) -> _T:
+        """``operation()``, once more if it failed because the store had closed this
+        node's connection with its presence session (the process was frozen past
+        the liveness bound while idle) and the node is present again on a new one.
+        The first request after such a close fails: the client cannot tell
+        whether the store read it."""
+        try:
+            return operation()
+        except RendezvousConnectionError:
+            if not self._present_again():
+                raise
+            return operation()
+
     def _present_again(self) -> bool:
         """Whether this node's connection was lost with its presence session, now
         renewed on a new one: the store closes the connection of a session that
@@ -367,7 +394,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            lease = self._office.watch(now)
+            lease = self._retried_if_present_again(functools.partial(self._office.watch, now))
             wait = max(deadline - now, 0)
             if not lease.session_held:
                 wait = min(self._tick, wait)

@@ -193,10 +193,9 @@ class RendezvousBoard:
         :attr:`waits_for_either` false) the outcome, then the seat: two
         requests, and no vacancy.
         """
-        outcome_key = self.keys.outcome(round_)
         if not self.waits_for_either:
             return self._await_outcome_then_seat(round_, node, timeout)
-        keys = [self.keys.answer(round_, node.key), outcome_key]
+        keys = [self.keys.answer(round_, node.key), self.keys.outcome(round_)]
         if vacancy is not None:
             keys.append(self.keys.vacated(vacancy))
         with self._store_errors(f"waiting for round {round_}"):
@@ -210,7 +209,7 @@ class RendezvousBoard:
         if found == 0:
             return _seat(raw, keys[0], round_)
         if found == 1:
-            return decode_outcome(raw, outcome_key)
+            return decode_outcome(raw, keys[1])
         return VACATED
 
     def _await_outcome_then_seat(
