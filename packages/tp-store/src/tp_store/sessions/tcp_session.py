@@ -93,6 +93,14 @@ class TCPSession(StoreSession):
         request = SessionWill(self._key(queue), as_bytes(value)).encode()
         self._call(lambda: self._link._send(request, self._connection))
 
+    def set_with_will(self, key: Data, value: Data, queue: Data, will: Data) -> None:
+        """:meth:`set` and :meth:`add_will`, in one send."""
+        request = (
+            SessionSet(self._key(key), as_bytes(value)).encode()
+            + SessionWill(self._key(queue), as_bytes(will)).encode()
+        )
+        self._call(lambda: self._link._send(request, self._connection))
+
     def keep_alive(self) -> None:
         """A PING on the session's connection; ``SessionExpiredError`` once it ended.
 
