@@ -87,7 +87,8 @@ def syscalls_table(storm: dict[str, Any]) -> str:
     names = list(by_server)
     calls = sorted(
         {call for counts in by_server.values() for call, per in counts.items() if per >= 0.05},
-        key=lambda call: -max(counts.get(call, 0.0) for counts in by_server.values()),
+        # Ties by name: the report is the same from one run of report.py to the next.
+        key=lambda call: (-max(counts.get(call, 0.0) for counts in by_server.values()), call),
     )
     rows = [
         [f"`{call}`", *(f"{by_server[name].get(call, 0.0):.2f}" for name in names)]
