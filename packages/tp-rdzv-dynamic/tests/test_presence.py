@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,6 +38,36 @@ def records(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRe
 def steward_of(handlers: list[DynamicRendezvousHandler]) -> DynamicRendezvousHandler:
     (steward,) = [h for h in handlers if h._office.running]
     return steward
+
+
+@contextmanager
+def steward_ended_while_a_joiner_waits(
+    steward: DynamicRendezvousHandler,
+    joiner: DynamicRendezvousHandler,
+    observer: DynamicRendezvousHandler,
+    store: Store,
+) -> Iterator[Lease]:
+    """``steward`` and ``joiner`` wait for a round of three, under ``steward``'s lease
+    held through a session, which the store then ends; yields the lease as it was.
+
+    After the block ``observer`` closes the rendezvous, the outcome both wait for.
+    """
+    with ThreadPoolExecutor(2) as pool:
+        waits = [pool.submit(steward.next_rendezvous)]
+        wait_until(lambda: Lease.parse(store.get(KEYS.lease)).session_held, seconds=30)
+        # The joiner reads the lease held through the steward's session, and waits
+        # for its vacancy too.
+        waits.append(pool.submit(joiner.next_rendezvous))
+        # Read on an idle node's connection (a waiting node's is busy with its wait).
+        wait_until(lambda: observer._board.pending() == 2, seconds=30)
+        before = Lease.parse(store.get(KEYS.lease))
+        # The store ends the steward's session: the lease goes with it.
+        steward._office._steward._tenure.close()  # type: ignore[union-attr]
+        yield before
+        observer.set_closed()
+        for wait in waits:
+            with pytest.raises(RendezvousClosedError):
+                wait.result(60)
 
 
 def test_nodes_are_present_through_sessions_and_write_no_counters(make_node, server):
@@ -198,19 +230,10 @@ def test_a_joiner_waiting_for_its_round_takes_a_dead_stewards_lease_at_once(make
     # bound (two minutes) away, so only the steward session's will can wake the
     # waiting nodes in time.
     steward, joiner, observer = [make_node(3, 3, interval=60, join=120) for _ in range(3)]
-    with ThreadPoolExecutor(2) as pool:
-        waits = [pool.submit(steward.next_rendezvous)]
-        wait_until(lambda: Lease.parse(server.get(KEYS.lease)).session_held, seconds=30)
-        # The joiner reads the lease held through the steward's session, and waits
-        # for its vacancy too.
-        waits.append(pool.submit(joiner.next_rendezvous))
-        # Read on an idle node's connection (a waiting node's is busy with its wait).
-        wait_until(lambda: observer._board.pending() == 2, seconds=30)
-        before = Lease.parse(server.get(KEYS.lease))
-        # The store ends the steward's session: the lease goes, and the session's
-        # will wakes both waiting nodes (the steward's own too: only its session
-        # ended here), one of which takes the lease over through its own session.
-        steward._office._steward._tenure.close()  # type: ignore[union-attr]
+    with steward_ended_while_a_joiner_waits(steward, joiner, observer, server) as before:
+        # The session's will wakes both waiting nodes (the steward's own too: only
+        # its session ended here), one of which takes the lease over through its own
+        # session.
 
         def taken_over() -> bool:
             if not server.check([KEYS.lease]):  # vacant: deleted with the session
@@ -221,10 +244,6 @@ def test_a_joiner_waiting_for_its_round_takes_a_dead_stewards_lease_at_once(make
         wait_until(taken_over, seconds=20)
         after = Lease.parse(server.get(KEYS.lease))
         assert after.holder in {steward.node.key, joiner.node.key}
-        observer.set_closed()  # the closing is the outcome both wait for
-        for wait in waits:
-            with pytest.raises(RendezvousClosedError):
-                wait.result(60)
 
 
 def test_a_waiting_joiner_shows_in_the_state_at_once(make_node):
@@ -295,13 +314,7 @@ def test_on_a_store_without_wait_any_waiting_nodes_tick_to_find_a_dead_steward()
         )
     steward, joiner, observer = handlers
     try:
-        with ThreadPoolExecutor(2) as pool:
-            waits = [pool.submit(steward.next_rendezvous)]
-            wait_until(lambda: Lease.parse(data.get(KEYS.lease)).session_held, seconds=30)
-            waits.append(pool.submit(joiner.next_rendezvous))
-            wait_until(lambda: observer._board.pending() == 2, seconds=30)
-            before = Lease.parse(data.get(KEYS.lease))
-            steward._office._steward._tenure.close()  # type: ignore[union-attr]
+        with steward_ended_while_a_joiner_waits(steward, joiner, observer, data) as before:
             # The nodes learnt that the store cannot wait for the vacancy: they tick.
             wait_until(
                 lambda: (
@@ -310,10 +323,6 @@ def test_on_a_store_without_wait_any_waiting_nodes_tick_to_find_a_dead_steward()
                 ),
                 seconds=8,
             )
-            observer.set_closed()
-            for wait in waits:
-                with pytest.raises(RendezvousClosedError):
-                    wait.result(60)
     finally:
         for handler in handlers:
             handler._office.stop()

@@ -4,10 +4,12 @@ throwaway TLS certificates."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tp_store.server.store_server import ServerThread
 from tp_store.testing.tls import TestPKI, make_test_pki
 
 # Tests are imported with --import-mode=importlib, which leaves sys.path alone;
@@ -15,6 +17,18 @@ from tp_store.testing.tls import TestPKI, make_test_pki
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+from raw_client import EVENT_LOOPS, server_thread  # noqa: E402
+
+
+@pytest.fixture(params=EVENT_LOOPS)
+def server(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ServerThread]:
+    """A fresh server on 127.0.0.1 in a thread, on each event loop (modules with a
+    server of another kind define their own ``server``)."""
+    with server_thread(request.param, monkeypatch) as thread:
+        yield thread
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,7 @@ parked wait woken by another connection, and the server's counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-from raw_client import EVENT_LOOPS, Raw, server_thread, wait_until
+from raw_client import Raw, wait_until
 
 from tp_store.protocol import (
     Add,
@@ -29,14 +26,6 @@ from tp_store.protocol import (
     WaitReply,
 )
 from tp_store.server.store_server import ServerThread
-
-
-@pytest.fixture(params=EVENT_LOOPS)
-def server(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[ServerThread]:
-    with server_thread(request.param, monkeypatch) as thread:
-        yield thread
 
 
 def test_a_packet_of_requests_is_answered_in_the_order_sent(server: ServerThread) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raw_client import EVENT_LOOPS, Raw, server_thread, wait_until
+from raw_client import Raw, wait_until
 
 from tp_store import (
     FileStore,
@@ -41,14 +41,6 @@ from tp_store.testing.contract import SHORT, TIMEOUT, Call
 
 #: The user-key prefix TCPStore puts before every key on the wire.
 USER = b"/"
-
-
-@pytest.fixture(params=EVENT_LOOPS)
-def server(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[ServerThread]:
-    with server_thread(request.param, monkeypatch) as thread:
-        yield thread
 
 
 def _client(server: ServerThread) -> TCPStore:
