@@ -797,6 +797,50 @@ def test_a_paused_steward_is_still_a_participant(
     assert check_round(ordered, ask_all(ordered, "next")) == ordered
 
 
+def test_a_member_paused_past_its_session_timeout_joins_the_next_round(
+    spawn_node: Spawn, server: Any, tmp_path: Path
+) -> None:
+    """A process stopped between rounds for longer than its session timeout (a
+    paused VM) is gone: the store ends its session and closes its connection.
+    Running again, its agent's next rendezvous seats it with the others, on a
+    new connection and a new session, instead of failing on the closed one."""
+    endpoint = f"{ADDR}:{server.port}"
+    run_id = _run_id()
+    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(3)}
+    specs = [
+        (
+            name,
+            node_spec(
+                endpoint,
+                run_id,
+                min_nodes=3,
+                max_nodes=3,
+                is_host=False,
+                keep_alive_interval=0.5,
+                keep_alive_max_attempt=2,  # sessions end after 1 s of silence
+            )
+            | logging_to(log),
+        )
+        for name, log in logs.items()
+    ]
+    nodes = start_nodes(spawn_node, specs, host_first=False)
+    ordered = check_round(nodes, ask_all(nodes, "next"))
+    observer = _observer(endpoint, run_id)
+    steward = _steward(observer, ordered)
+    paused = next(node for node in ordered if node is not steward)
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        _observe_until(
+            observer,
+            "the paused node removed",
+            lambda s: paused.node_id not in {node.node for node in s.participants},
+        )
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    check_round(ordered, ask_all(ordered, "next"))
+    assert logged([logs[paused.name]], "presence_lost")
+
+
 def test_a_killed_stewards_lease_is_vacant_at_once(
     spawn_node: Spawn, server: Any, tmp_path: Path
 ) -> None:
