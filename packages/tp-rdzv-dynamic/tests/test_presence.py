@@ -178,9 +178,17 @@ def test_an_agents_polls_survive_the_store_closing_the_nodes_connection(make_nod
     assert member.num_nodes_waiting() == 0
     close_presence_connection(server, member)
     assert not member.is_closed()
-    assert member._presence.renewals == 2
+    close_presence_connection(server, member)
+    status = member.status()
+    assert status.exists
+    assert status.round == 0
+    assert member._presence.renewals == 3
     infos = rendezvous_all(handlers)
     assert {info.world_size for info in infos} == {2}
+    # And at the end of the job, its shutdown closes the rendezvous.
+    close_presence_connection(server, member)
+    assert member.shutdown()
+    assert handlers[0].is_closed()
 
 
 def test_a_departure_of_an_older_session_is_ignored(make_node, server, caplog):

@@ -412,7 +412,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Read-only: it neither joins nor creates keys. A run with nothing stored
         reads as round 0 with no nodes, and ``exists`` false.
         """
-        return observe_run(self._backend_name, self._holder, self._board)
+        return self._retried_if_present_again(
+            functools.partial(observe_run, self._backend_name, self._holder, self._board)
+        )
 
     def set_closed(self) -> None:
         """Mark the rendezvous closed; new joiners are rejected.
@@ -420,7 +422,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         One node records it (see :func:`~.node.closing.close_run`); the others
         find it recorded and have nothing to do.
         """
-        round_ = close_run(self._node, self._settings, self._board, self._holder)
+        round_ = self._retried_if_present_again(
+            functools.partial(close_run, self._node, self._settings, self._board, self._holder)
+        )
         if round_ is not None:
             self._event(logging.INFO, "closed", "the rendezvous is closed", round_=round_)
 
