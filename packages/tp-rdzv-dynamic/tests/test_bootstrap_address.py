@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tp_rdzv_api import RendezvousStateError, RendezvousStoreInfo
-from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.board import STALE, VACATED, RendezvousBoard
 from tp_rdzv_dynamic.documents.bootstrap_address import (
     decode_bootstrap_address,
     encode_bootstrap_address,
@@ -74,7 +74,7 @@ def test_a_node_reads_the_address_in_one_request_on_our_server(server: TCPStore)
     after = server.server_stats()["ops"]
     assert found == published
     spent = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
-    assert spent == {"set": 1, "wait_get": 1, "stats": 1}  # the first STATS counts itself
+    assert spent == {"set": 1, "wait_any": 1, "stats": 1}  # the first STATS counts itself
 
 
 @pytest.fixture(params=["tcp", "hash", "file"])
@@ -99,3 +99,53 @@ def test_a_node_waits_for_rank_0_on_any_store(any_store: Store):
     finally:
         publisher.join()
     assert other.has_bootstrap(5)
+
+
+@pytest.fixture(params=["tcp", "hash"])
+def waiting_store(request: pytest.FixtureRequest, server: TCPStore) -> Store:
+    """The stores that wait for the first of several keys (``wait_any``)."""
+    return server.clone() if request.param == "tcp" else HashStore()
+
+
+def test_a_wait_for_the_address_ends_when_the_round_goes_stale(waiting_store: Store):
+    steward = RendezvousBoard(waiting_store, "any")
+    other = RendezvousBoard(waiting_store.clone(), "any")
+    marker = threading.Timer(0.2, steward.mark_stale, (5,))
+    marker.start()
+    try:
+        assert other.await_bootstrap(5, 60) is STALE
+    finally:
+        marker.join()
+    # Published before the round went stale, the address wins: the round ran.
+    steward.publish_bootstrap(6, RendezvousStoreInfo("node0.example", 29500))
+    steward.mark_stale(6)
+    assert other.await_bootstrap(6, 60) == RendezvousStoreInfo("node0.example", 29500)
+
+
+def test_a_wait_for_the_address_ends_when_the_stewards_session_ends(waiting_store: Store):
+    steward = RendezvousBoard(waiting_store, "any")
+    other = RendezvousBoard(waiting_store.clone(), "any")
+    session = waiting_store.open_session(60)
+    steward.leave_vacancy_will(session, 4)
+    steward.mark_stale_when_ended(session, 5)
+    # Waiting for the vacancy of epoch 4: the stale mark and the vacancy come
+    # together with the session's end; either ends the wait at once.
+    ender = threading.Timer(0.2, session.close)
+    ender.start()
+    try:
+        assert other.await_bootstrap(5, 60, vacancy=4) in {STALE, VACATED}
+    finally:
+        ender.join()
+    # Only the vacancy: the wait for the address of another round ends with it.
+    assert other.await_bootstrap(7, 60, vacancy=4) is VACATED
+
+
+def test_a_store_without_wait_any_waits_for_the_address_alone(tmp_path):
+    store = FileStore(str(tmp_path / "store"), 2)
+    steward, other = RendezvousBoard(store, "any"), RendezvousBoard(store.clone(), "any")
+    steward.mark_stale(5)
+    assert other.await_bootstrap(5, 0.05) is None  # the store said it cannot: None at once
+    assert not other.waits_for_either
+    assert other.await_bootstrap(5, 0.05) is None  # the address alone: the stale mark unseen
+    steward.publish_bootstrap(5, RendezvousStoreInfo("node0.example", 29500))
+    assert other.await_bootstrap(5, 60) == RendezvousStoreInfo("node0.example", 29500)

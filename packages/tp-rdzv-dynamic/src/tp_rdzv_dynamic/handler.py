@@ -35,7 +35,6 @@ from .backends.backend import RendezvousBackend
 from .backends.holder import _RendezvousStateHolder
 from .documents.answers import Seat
 from .documents.board import VACATED, RendezvousBoard
-from .documents.codecs import Lease
 from .events import log_event
 from .model.decisions import Join, Leave
 from .model.node_desc import _NodeDesc, _NodeDescGenerator
@@ -258,15 +257,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         now = time.monotonic()
         # A spare (beyond max_nodes) has no deadline while it waits.
         deadline = JoinDeadline(node, self._holder, self._settings.timeout.join, now)
-        counter, lease, round_ = self._retried_if_present_again(
-            functools.partial(self._post_join, now)
-        )
+        counter, round_ = self._retried_if_present_again(functools.partial(self._post_join, now))
         # This thread waits for its answer on the node's connection, which holds
         # its presence session. Under a steward holding the lease through a
         # session it waits for that too (the session's will), and ticks only if
         # the steward left; else it wakes once per interval to tick (the lease
         # watched, the join posted again if needed) and waits again.
-        self._ticks.start(Join(node, self._hint, round_), counter, now, lease)
+        self._ticks.start(Join(node, self._hint, round_), counter, now)
         try:
             while True:
                 now = time.monotonic()
@@ -311,9 +308,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         finally:
             self._ticks.stop()
 
-    def _post_join(self, now: float) -> tuple[int, Lease, int]:
+    def _post_join(self, now: float) -> tuple[int, int]:
         """Be present and post this node's join: the counter whose change means
-        the join must go again, the lease read, and the round joined."""
+        the join must go again, and the round joined."""
         # Present before the join is posted: the steward watches whom it seats.
         if self._presence.open():
             # A renewal of the session from here on posts the join again.
@@ -335,7 +332,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             round_ = max(round_, self._round + 1)
         self._event(logging.DEBUG, "joining", f"{self._node} joins round {round_}", round_=round_)
         self._office.post(Join(self._node, self._hint, round_))
-        return counter, lease, round_
+        return counter, round_
 
     def _retried_if_present_again(self, operation: Callable[[], _T]) -> _T:
         """``operation()``, once more if it failed because the store had closed this
@@ -490,6 +487,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 settings=self._settings,
                 keep_alive=self._keep_alive,
                 present_again=self._present_again,
+                vacancy=self._ticks.vacancy,
             )
             if found is None:
                 return None

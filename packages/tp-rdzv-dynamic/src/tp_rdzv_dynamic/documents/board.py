@@ -46,9 +46,20 @@ class Vacated(enum.Enum):
     VACATED = "vacated"
 
 
-#: What :meth:`RendezvousBoard.await_round` answers when the steward left the lease
-#: vacant before the round's outcome came.
+#: What :meth:`RendezvousBoard.await_round` and :meth:`~RendezvousBoard.await_bootstrap`
+#: answer when the steward left the lease vacant before what they wait for came.
 VACATED: Final = Vacated.VACATED
+
+
+class Stale(enum.Enum):
+    """The type of :data:`STALE`."""
+
+    STALE = "stale"
+
+
+#: What :meth:`RendezvousBoard.await_bootstrap` answers when the round went stale
+#: before its rank 0 published the workers' bootstrap store.
+STALE: Final = Stale.STALE
 
 #: The most messages the steward takes from the mailbox before deciding.
 MAX_BATCH = 4096
@@ -240,16 +251,36 @@ class RendezvousBoard:
         key, document = self.keys.bootstrap(round_), encode_bootstrap_address(info)
         self._call("publishing the bootstrap store", lambda: self.store.set(key, document))
 
-    def await_bootstrap(self, round_: int, timeout: float) -> RendezvousStoreInfo | None:
-        """The bootstrap store rank 0 of ``round_`` published, or ``None`` after ``timeout``
-        seconds: one request on our server (``wait_get``)."""
+    def await_bootstrap(
+        self, round_: int, timeout: float, vacancy: int | None = None
+    ) -> RendezvousStoreInfo | Stale | Vacated | None:
+        """The bootstrap store rank 0 of ``round_`` published; ``None`` after ``timeout``
+        seconds.
+
+        One request where the store waits for the first of several keys: the
+        address, the round's stale mark (:data:`STALE`: a node of the round
+        left before the address came, rank 0 perhaps) and, with ``vacancy``
+        (an epoch), the steward's vacancy (:data:`VACATED`). Elsewhere (and
+        from the moment a store says it cannot: then ``None`` at once, and
+        :attr:`waits_for_either` false) the address alone.
+        """
         key = self.keys.bootstrap(round_)
         with self._store_errors("waiting for the bootstrap store's address"):
             try:
-                raw = self.store.wait_get(key, timeout)
+                if not self.waits_for_either:
+                    return decode_bootstrap_address(self.store.wait_get(key, timeout), key)
+                keys = [key, self.keys.stale(round_)]
+                if vacancy is not None:
+                    keys.append(self.keys.vacated(vacancy))
+                found, raw = self.store.wait_any(keys, timeout)
             except StoreTimeoutError:
                 return None
-        return decode_bootstrap_address(raw, key)
+            except UnsupportedOperationError:
+                self.waits_for_either = False
+                return None
+        if found == 0:
+            return decode_bootstrap_address(raw, key)
+        return STALE if found == 1 else VACATED
 
     def has_bootstrap(self, round_: int) -> bool:
         """Whether rank 0 of ``round_`` has published its bootstrap store (no waiting)."""

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousStoreInfo, RendezvousTimeoutError
-from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.board import STALE, RendezvousBoard
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
@@ -152,31 +152,44 @@ def await_bootstrap_info(
     settings: RendezvousSettings,
     keep_alive: Callable[[float], object],
     present_again: Callable[[], bool],
+    vacancy: Callable[[], int | None],
 ) -> RendezvousStoreInfo | None:
     """The bootstrap store rank 0 of ``round_`` publishes; ``None`` if the round turns stale first.
 
     Rank 0 may die between the outcome and publishing; waiting on would make
-    every other node fail with it. Meanwhile ``keep_alive(now)`` runs once per
-    keep-alive interval (the node heartbeats and watches the lease as while
+    every other node fail with it. The wait ends at the round's stale mark
+    too, where the store can wait for either, and at the vacancy of the
+    steward's lease (``vacancy()``: its epoch, or ``None``): then
+    ``keep_alive(now)`` runs at once (the node watches the lease as while
     joining: rank 0 may have been the steward, and only a steward marks the
-    round stale). A wait that fails with the node's connection, which the
+    round stale). It runs once per keep-alive interval otherwise (once per
+    liveness bound while the wait covers the vacancy), and the round's stale
+    mark is read then. A wait that fails with the node's connection, which the
     store closed with its expired presence session, goes on once
     ``present_again()`` says the node is present again.
     """
-    tick = settings.keep_alive_interval.total_seconds()
+    interval = settings.keep_alive_interval.total_seconds()
+    bound = settings.liveness_bound.total_seconds()
     deadline = time.monotonic() + settings.timeout.join.total_seconds()
     while True:
+        epoch = vacancy()
+        tick = interval if epoch is None else bound
+        left = max(deadline - time.monotonic(), 0.0)
         try:
-            found = board.await_bootstrap(round_, tick)
+            found = board.await_bootstrap(round_, min(tick, left), epoch)
         except RendezvousConnectionError:
             if not present_again():
                 raise
             found = None
-        if found is not None:
+        if isinstance(found, RendezvousStoreInfo):
             return found
+        if found is STALE:
+            return None
         now = time.monotonic()
         keep_alive(now)
-        if board.is_stale(round_) and not board.has_bootstrap(round_):
+        # The wait covered the stale mark, unless the store cannot wait for either.
+        stale_unseen = found is None and not board.waits_for_either
+        if stale_unseen and board.is_stale(round_) and not board.has_bootstrap(round_):
             return None
         if now >= deadline:
             raise RendezvousTimeoutError(

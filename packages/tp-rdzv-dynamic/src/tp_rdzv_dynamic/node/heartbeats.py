@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 from tp_rdzv_api import RendezvousError
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
-from tp_rdzv_dynamic.documents.codecs import Lease
 from tp_rdzv_dynamic.events import log_event
 from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
@@ -207,18 +206,16 @@ class JoinTicks:
         self._presence = presence
         self._bound = bound
         self._join: Join | None = None
-        self._lease: Lease | None = None  # as the last look found it
         # The heartbeat counter as this node last saw it, or its presence's renewals.
         self._counter = 0
         self._due = 0.0  # when the next tick is due (0: at the next look)
         self._scheduled = interval  # the period it was scheduled with
 
-    def start(self, join: Join, counter: int, now: float, lease: Lease) -> None:
+    def start(self, join: Join, counter: int, now: float) -> None:
         """Tick while ``join`` waits: ``counter`` is the heartbeat counter as the node
         last saw it, or (present through a session) its presence's renewals before
-        the join was posted; ``lease`` as the node read it."""
+        the join was posted."""
         self._join = join
-        self._lease = lease
         self._counter = counter
         self._schedule(now)
 
@@ -235,9 +232,10 @@ class JoinTicks:
         self._due = 0.0
 
     def vacancy(self) -> int | None:
-        """The epoch whose vacancy key ends the node's wait too; ``None`` when the node
-        learns of its steward's end by ticking only."""
-        lease = self._lease
+        """The epoch whose vacancy key ends the node's wait too (the lease as the node
+        last read it); ``None`` when the node learns of its steward's end by
+        ticking only."""
+        lease = self._office.lease
         if (
             lease is None
             or not lease.holder
@@ -283,7 +281,7 @@ class JoinTicks:
         counter = self._presence.renewals if present else board.beat(self._node)
         found_dead = counter != self._counter if present else counter <= self._counter
         self._counter = counter
-        self._lease = self._office.watch(now, rejoin=join)
+        self._office.watch(now, rejoin=join)
         if found_dead:
             log_event(
                 log,

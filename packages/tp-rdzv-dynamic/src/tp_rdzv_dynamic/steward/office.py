@@ -62,6 +62,7 @@ class StewardOffice:
         self._seen = b""
         self._since = 0.0
         self._epoch = -1
+        self._lease: Lease | None = None  # as this node last read or took it
         self._posted_epoch = -1  # the epoch of the steward the last join went to
         self._lock = threading.RLock()
 
@@ -70,6 +71,11 @@ class StewardOffice:
         """Whether this node's steward thread is deciding (it ends when it loses the lease)."""
         steward = self._steward
         return steward is not None and steward.running
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease as this node last read or took it (``None`` before its first look)."""
+        return self._lease
 
     def post(self, join: Join) -> None:
         """Post ``join`` to the steward in office."""
@@ -121,6 +127,7 @@ class StewardOffice:
                 self._steward = None
 
     def _note(self, lease: Lease, now: float) -> None:
+        self._lease = lease
         self._epoch = lease.epoch
         if lease.raw != self._seen:
             self._seen, self._since = lease.raw, now
