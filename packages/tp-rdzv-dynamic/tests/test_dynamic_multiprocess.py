@@ -125,6 +125,20 @@ def logging_to(path: Path, level: str = "INFO") -> dict[str, str]:
     return {"log_level": level, "log_file": str(path), "log_format": "json"}
 
 
+def logged_specs(
+    endpoint: str, run_id: str, log_dir: Path, count: int, **options: Any
+) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Path]]:
+    """``count`` specs of nodes ``n0``, ``n1``... of one run (``options`` go to
+    :func:`node_spec`), each logging its structured events to a file of
+    ``log_dir``; and those files by node name."""
+    logs = {f"n{i}": log_dir / f"n{i}.jsonl" for i in range(count)}
+    specs = [
+        (name, node_spec(endpoint, run_id, **options) | logging_to(log))
+        for name, log in logs.items()
+    ]
+    return specs, logs
+
+
 def logged(paths: Sequence[Path], action: str) -> list[dict[str, Any]]:
     """The structured records of ``action`` in the logs at ``paths``.
 
@@ -757,23 +771,17 @@ def test_a_paused_steward_is_still_a_participant(
     steward, whose lease is held through a session of its own."""
     endpoint = f"{ADDR}:{server.port}"
     run_id = _run_id()
-    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(3)}
-    specs = [
-        (
-            name,
-            node_spec(
-                endpoint,
-                run_id,
-                min_nodes=3,
-                max_nodes=3,
-                is_host=False,
-                keep_alive_interval=1.0,
-                keep_alive_max_attempt=5,  # sessions end after 5 s of silence
-            )
-            | logging_to(log),
-        )
-        for name, log in logs.items()
-    ]
+    specs, logs = logged_specs(
+        endpoint,
+        run_id,
+        tmp_path,
+        3,
+        min_nodes=3,
+        max_nodes=3,
+        is_host=False,
+        keep_alive_interval=1.0,
+        keep_alive_max_attempt=5,  # sessions end after 5 s of silence
+    )
     nodes = start_nodes(spawn_node, specs, host_first=False)
     ordered = check_round(nodes, ask_all(nodes, "next"))
     observer = _observer(endpoint, run_id)
@@ -806,23 +814,17 @@ def test_a_member_paused_past_its_session_timeout_joins_the_next_round(
     new connection and a new session, instead of failing on the closed one."""
     endpoint = f"{ADDR}:{server.port}"
     run_id = _run_id()
-    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(3)}
-    specs = [
-        (
-            name,
-            node_spec(
-                endpoint,
-                run_id,
-                min_nodes=3,
-                max_nodes=3,
-                is_host=False,
-                keep_alive_interval=0.5,
-                keep_alive_max_attempt=2,  # sessions end after 1 s of silence
-            )
-            | logging_to(log),
-        )
-        for name, log in logs.items()
-    ]
+    specs, logs = logged_specs(
+        endpoint,
+        run_id,
+        tmp_path,
+        3,
+        min_nodes=3,
+        max_nodes=3,
+        is_host=False,
+        keep_alive_interval=0.5,
+        keep_alive_max_attempt=2,  # sessions end after 1 s of silence
+    )
     nodes = start_nodes(spawn_node, specs, host_first=False)
     ordered = check_round(nodes, ask_all(nodes, "next"))
     observer = _observer(endpoint, run_id)
@@ -850,24 +852,18 @@ def test_a_killed_stewards_lease_is_vacant_at_once(
     The liveness bound here (a minute) is beyond every wait of this test."""
     endpoint = f"{ADDR}:{server.port}"
     run_id = _run_id()
-    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(4)}
-    specs = [
-        (
-            name,
-            node_spec(
-                endpoint,
-                run_id,
-                min_nodes=2,
-                max_nodes=4,
-                is_host=False,
-                last_call_timeout=0.5,
-                keep_alive_interval=2.0,
-                keep_alive_max_attempt=30,
-            )
-            | logging_to(log),
-        )
-        for name, log in logs.items()
-    ]
+    specs, logs = logged_specs(
+        endpoint,
+        run_id,
+        tmp_path,
+        4,
+        min_nodes=2,
+        max_nodes=4,
+        is_host=False,
+        last_call_timeout=0.5,
+        keep_alive_interval=2.0,
+        keep_alive_max_attempt=30,
+    )
     nodes = start_nodes(spawn_node, specs, host_first=False)
     ordered = check_round(nodes, ask_all(nodes, "next"))
     observer = _observer(endpoint, run_id)
@@ -900,24 +896,18 @@ def test_without_sessions_a_deputy_takes_over_a_killed_stewards_lease(
     counter silent, and marks the round stale, with the survivors idle."""
     endpoint = str(tmp_path / "rdzv.store")
     run_id = _run_id()
-    logs = {f"n{i}": tmp_path / f"n{i}.jsonl" for i in range(3)}
-    specs = [
-        (
-            name,
-            node_spec(
-                endpoint,
-                run_id,
-                min_nodes=2,
-                max_nodes=3,
-                store_type="file",
-                last_call_timeout=0.5,
-                keep_alive_interval=KEEP_ALIVE_INTERVAL,
-                keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
-            )
-            | logging_to(log),
-        )
-        for name, log in logs.items()
-    ]
+    specs, logs = logged_specs(
+        endpoint,
+        run_id,
+        tmp_path,
+        3,
+        min_nodes=2,
+        max_nodes=3,
+        store_type="file",
+        last_call_timeout=0.5,
+        keep_alive_interval=KEEP_ALIVE_INTERVAL,
+        keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+    )
     nodes = start_nodes(spawn_node, specs, host_first=False)
     ordered = check_round(nodes, ask_all(nodes, "next"))
     observer = tp_rdzv_api.create_handler(

@@ -206,22 +206,34 @@ class RendezvousBoard:
         """
         if not self.waits_for_either:
             return self._await_outcome_then_seat(round_, node, timeout)
-        keys = [self.keys.answer(round_, node.key), self.keys.outcome(round_)]
+        answer, outcome = self.keys.answer(round_, node.key), self.keys.outcome(round_)
+        first = self._first_of([answer, outcome], vacancy, timeout, f"waiting for round {round_}")
+        if first is None:
+            return None
+        found, raw = first
+        if found == 0:
+            return _seat(raw, answer, round_)
+        if found == 1:
+            return decode_outcome(raw, outcome)
+        return VACATED
+
+    def _first_of(
+        self, keys: list[str], vacancy: int | None, timeout: float, what: str
+    ) -> tuple[int, bytes] | None:
+        """The index and value of the first of ``keys`` and, with ``vacancy`` (an
+        epoch), that epoch's vacancy key (last) to exist; ``None`` after
+        ``timeout`` seconds, or at once when the store says it cannot wait for
+        either (then :attr:`waits_for_either` is false)."""
         if vacancy is not None:
-            keys.append(self.keys.vacated(vacancy))
-        with self._store_errors(f"waiting for round {round_}"):
+            keys = [*keys, self.keys.vacated(vacancy)]
+        with self._store_errors(what):
             try:
-                found, raw = self.store.wait_any(keys, timeout)
+                return self.store.wait_any(keys, timeout)
             except StoreTimeoutError:
                 return None
             except UnsupportedOperationError:
                 self.waits_for_either = False
                 return None
-        if found == 0:
-            return _seat(raw, keys[0], round_)
-        if found == 1:
-            return decode_outcome(raw, keys[1])
-        return VACATED
 
     def _await_outcome_then_seat(
         self, round_: int, node: _NodeDesc, timeout: float
@@ -264,20 +276,18 @@ class RendezvousBoard:
         from the moment a store says it cannot: then ``None`` at once, and
         :attr:`waits_for_either` false) the address alone.
         """
-        key = self.keys.bootstrap(round_)
-        with self._store_errors("waiting for the bootstrap store's address"):
-            try:
-                if not self.waits_for_either:
-                    return decode_bootstrap_address(self.store.wait_get(key, timeout), key)
-                keys = [key, self.keys.stale(round_)]
-                if vacancy is not None:
-                    keys.append(self.keys.vacated(vacancy))
-                found, raw = self.store.wait_any(keys, timeout)
-            except StoreTimeoutError:
-                return None
-            except UnsupportedOperationError:
-                self.waits_for_either = False
-                return None
+        key, what = self.keys.bootstrap(round_), "waiting for the bootstrap store's address"
+        if not self.waits_for_either:
+            with self._store_errors(what):
+                try:
+                    raw = self.store.wait_get(key, timeout)
+                except StoreTimeoutError:
+                    return None
+            return decode_bootstrap_address(raw, key)
+        first = self._first_of([key, self.keys.stale(round_)], vacancy, timeout, what)
+        if first is None:
+            return None
+        found, raw = first
         if found == 0:
             return decode_bootstrap_address(raw, key)
         return STALE if found == 1 else VACATED

@@ -174,10 +174,10 @@ class JoinTicks:
     Where the node is present through a session and the store can wait for
     either of several keys, the node waits for its steward's vacancy too
     (:meth:`vacancy`: the key the session holding the lease pushes when it
-    ends) and ticks at once then (:meth:`hurry`); otherwise it ticks once per
-    liveness bound, not per interval: that judges the silence of a taker that
-    died before it held the lease through a session, and posts again a join
-    lost some other way. The node's connection's frames keep its own session
+    ends) and ticks at once then (:meth:`hurry`); short of that it ticks once
+    per liveness bound instead of once per interval: that judges the silence
+    of a taker that died before it held the lease through a session, and
+    posts again a join lost some other way. The node's connection's frames keep its own session
     alive meanwhile (``TCPStore`` sends them while the wait is parked).
 
     Args:

@@ -994,9 +994,8 @@ class TCPStore(Store):
         :class:`~tp_store.SessionExpiredError`). Every frame on the connection
         keeps the session alive; a parked wait sends a ``WAIT_KEEPALIVE`` at
         least every third of the session's timeout, so a wait never silences
-        it. ``keep_alive``
-        skips its PING while another call uses the connection (that call's
-        frames keep the session alive). Raises
+        it. ``keep_alive`` skips its PING while another call uses the
+        connection (that call's frames keep the session alive). Raises
         :class:`~tp_store.UnsupportedOperationError` on PyTorch's server.
         """
         seconds = self._session_seconds(timeout)
