@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What hostile clients of the workers' bootstrap store cost rank 0's agent.
+"""What hostile clients of the workers' bootstrap store cost the agent hosting it.
 
 The agent is this process; its bootstrap store runs where the agent runs it:
 

@@ -164,7 +164,7 @@ def section(alts: dict[str, str]) -> str:
     if storm is not None:
         add(f"![{escape(alts[STORM_PNG])}]({STORM_PNG})\n")
         add(
-            "When a round completes every worker of the job connects to rank 0's bootstrap "
+            "When a round completes every worker of the job connects to the round's bootstrap "
             "store at once. N of torch's C++ clients (threads, each its own connection) over P "
             "processes connect, `add` a counter, and `get` a key the last one sets (NCCL's "
             "unique id); ours runs as deployed, in the agent's child process "

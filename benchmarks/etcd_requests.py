@@ -5,7 +5,7 @@ processes of ``spread.py`` when the bench asks for it: every unary call is
 counted as ``<path> <family>`` and every watch opened as ``watch <family>``,
 where the family is the rendezvous key it touches with the run's prefix and
 the node names taken out (``mailbox``, ``present``, ``result``, ``rcpt``...;
-``bootstrap``: the round's own keys, where rank 0 publishes the workers' store).
+``bootstrap``: the round's own keys, where the workers' store is published).
 etcd's own counters (``grpc_server_handled_total``) give the totals; these say
 which keys they were for.
 """

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp_rdzv_api import RendezvousStateError
+from tp_rdzv_api import RendezvousStateError, RendezvousStoreInfo
 from tp_rdzv_dynamic.documents.answers import (
     Seat,
     answers,
@@ -27,6 +27,7 @@ from tp_rdzv_dynamic.model.state import RendezvousState, RoundOutcome
 from tp_store import FileStore, TCPStore
 
 WHERE = "key 'answer/3/a'"
+_ANSWER = b'{"format":"tp-rdzv-answer","schema":1,"round":1,"rank":0,"world_size":1,%s}'
 
 
 def completed(size: int, round_: int = 3, waiting: int = 0) -> RoundOutcome:
@@ -72,8 +73,19 @@ def test_each_participant_is_answered_its_rank_and_the_world_size(size):
     assert {(seat.round, seat.world_size) for seat in seats.values()} == {(3, size)}
 
 
+def test_an_answer_names_the_bootstrap_store_its_steward_hosts():
+    hosted = RendezvousStoreInfo("steward-7.cluster.example.com", 29500)
+    raw = dict(answers(completed(4), hosted))[completed(4).participants[2]]
+    assert decode_answer(raw, WHERE) == Seat(3, 2, 4, hosted)
+    assert json.loads(raw)["bootstrap"] == {"addr": hosted.master_addr, "port": 29500}
+    # The same document as encode_answer's, which the steward does not format per node.
+    assert raw == encode_answer(Seat(3, 2, 4, hosted))
+
+
 def test_an_answer_does_not_grow_with_the_job():
     assert len(max((raw for _, raw in answers(completed(16_000))), key=len)) < 100
+    hosted = RendezvousStoreInfo("steward-7.cluster.example.com", 29500)
+    assert len(max((raw for _, raw in answers(completed(16_000), hosted)), key=len)) < 160
 
 
 @pytest.mark.parametrize(
@@ -85,6 +97,11 @@ def test_an_answer_does_not_grow_with_the_job():
         (b'{"format":"tp-rdzv-round","schema":1,"round":1}', "has format"),
         (b'{"format":"tp-rdzv-answer","schema":2,"round":1,"rank":0,"world_size":1}', "schema"),
         (b"[[[[[[]]]]]]", "nests deeper"),
+        (_ANSWER % b'"bootstrap":"node0:29500"', "'bootstrap': expected an object"),
+        (_ANSWER % b'"bootstrap":{"addr":"node0"}', "'port'"),
+        (_ANSWER % b'"bootstrap":{"addr":"node0","port":0}', "'port': expected 1 to 65535"),
+        (_ANSWER % b'"bootstrap":{"addr":"n\\nforged line","port":1}', "not printable"),
+        (_ANSWER % b'"bootstrap":{"addr":"","port":1}', "'addr'"),
     ],
 )
 def test_a_bad_answer_is_a_state_error_naming_its_key(raw, complaint):

@@ -74,7 +74,17 @@ def test_a_node_reads_the_address_in_one_request_on_our_server(server: TCPStore)
     after = server.server_stats()["ops"]
     assert found == published
     spent = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
-    assert spent == {"set": 1, "wait_any": 1, "stats": 1}  # the first STATS counts itself
+    # Published in one request (written once: the first address wins), read in one.
+    assert spent == {"compare_set": 1, "wait_any": 1, "stats": 1}  # the first STATS counts itself
+
+
+def test_the_first_address_published_for_a_round_is_every_nodes(server: TCPStore):
+    steward, rank0 = RendezvousBoard(server.clone(), "one"), RendezvousBoard(server.clone(), "one")
+    first = RendezvousStoreInfo("steward.example", 29500)
+    assert steward.publish_bootstrap(3, first) == first
+    # Rank 0 read an answer written before the steward published: its own store is unused.
+    assert rank0.publish_bootstrap(3, RendezvousStoreInfo("rank0.example", 29400)) == first
+    assert rank0.await_bootstrap(3, 30) == first
 
 
 @pytest.fixture(params=["tcp", "hash", "file"])

@@ -26,6 +26,7 @@ from tp_rdzv_dynamic import (
     _NodeDesc,
     _RendezvousStateHolder,
 )
+from tp_rdzv_dynamic.documents.bootstrap_address import decode_bootstrap_address
 from tp_rdzv_dynamic.documents.codecs import decode_state, encode_message
 from tp_rdzv_dynamic.model.decisions import Join
 from tp_store import PrefixStore, StoreError, TCPStore
@@ -69,8 +70,9 @@ def test_every_round_bootstraps_on_a_fresh_store(make_node, server):
     with pytest.raises(StoreError):
         TCPStore(old.master_addr, old.port, timeout=1)
 
-    rank0 = next(h for h, info in zip(handlers, second, strict=True) if info.rank == 0)
-    assert rank0.shutdown()
+    # The steward, a participant, hosts it: its shutdown closes it.
+    (host,) = [handler for handler in handlers if handler._office.running]
+    assert host.shutdown()
     with pytest.raises(StoreError):
         TCPStore(new.master_addr, new.port, timeout=1)
 
@@ -98,23 +100,52 @@ def test_a_rank_0_that_cannot_host_lets_the_others_go_on(make_node):
     assert second.participants == [survivor.node]
 
 
+def test_the_steward_hosts_the_workers_store_named_in_every_answer(make_node, server):
+    handlers = [make_node(3, 3) for _ in range(3)]
+    before = server.server_stats()["ops"]
+    infos = rendezvous_all(handlers)
+    after = server.server_stats()["ops"]
+    (steward,) = [handler for handler in handlers if handler._office.running]
+    (bootstrap,) = {info.bootstrap_store_info for info in infos}
+    assert bootstrap.master_addr == steward.node.addr
+    assert steward._bootstrap._round == 0  # its child serves round 0's workers
+    # Written once, where a node of another version (or rank 0) would look for it.
+    published = server.get(f"tp_rdzv/{RUN}/bootstrap/0")
+    assert decode_bootstrap_address(published, "bootstrap/0") == bootstrap
+    # Nobody waited for the address: each node's one wait was for its answer,
+    # which carried it (and the steward published it with one compare-and-set).
+    assert after["wait_any"] - before.get("wait_any", 0) == len(handlers)
+    worker = TCPStore(bootstrap.master_addr, bootstrap.port, timeout=5)
+    worker.set("k", "v")
+    worker.close()
+
+
 def test_a_rank_0_dead_before_publishing_the_bootstrap_store_fails_nobody(
     make_node, server, caplog
 ):
-    # A join nobody heartbeats for, under an address that sorts first: it gets rank 0
-    # of the round, never publishes the workers' bootstrap store, and is found dead.
-    # The others must not fail with it (an agent gives up on any error): they join the
-    # next round.
+    # A steward that cannot host the workers' store (it cannot listen on its
+    # address) leaves it to rank 0. A join nobody heartbeats for, under an address
+    # that sorts first, gets rank 0 of the round, never publishes the store, and is
+    # found dead. The others must not fail with it (an agent gives up on any
+    # error): they join the next round.
     ghost = _NodeDesc("0.ghost", 1, 0)
     server.queue_push(f"tp_rdzv/{RUN}/mailbox", encode_message(Join(ghost, None, 0)))
-    handlers = [make_node(2, 3, join=30) for _ in range(2)]
-    infos = rendezvous_all(handlers)
+    steward = make_node(2, 3, join=30, local_addr="zz.invalid")
+    other = make_node(2, 3, join=30)
+    with ThreadPoolExecutor(2) as pool:
+        steward_round = pool.submit(steward.next_rendezvous)
+        wait_until(lambda: steward._office.running, 30)
+        infos = [steward_round, pool.submit(other.next_rendezvous)]
+        infos = [future.result(timeout=60) for future in infos]
     assert sorted(info.rank for info in infos) == [0, 1]
     assert all(ghost not in info.participants for info in infos)
     (bootstrap,) = {info.bootstrap_store_info for info in infos}
+    assert bootstrap.master_addr == other.node.addr  # rank 0 of the next round hosts it
     TCPStore(bootstrap.master_addr, bootstrap.port, timeout=5).close()
     abandoned = [r for r in caplog.records if getattr(r, "action", None) == "round_abandoned"]
     assert len(abandoned) == 2, "the ghost did not get rank 0 of a round"
+    not_hosted = [r for r in caplog.records if getattr(r, "action", None) == "bootstrap_not_hosted"]
+    assert "zz.invalid" in not_hosted[0].getMessage()
 
 
 def test_round_stores_are_separate_and_shared(make_node):

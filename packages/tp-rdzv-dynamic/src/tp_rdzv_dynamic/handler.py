@@ -114,7 +114,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._hint = args.node_rank
         self._board = RendezvousBoard(args.store, args.settings.run_id)
         self._tick = args.settings.keep_alive_interval.total_seconds()
-        self._office = StewardOffice(args.node, args.settings, self._board, args.holder)
+        self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
+        self._office = StewardOffice(
+            args.node, args.settings, self._board, args.holder, self._bootstrap.serve
+        )
         bound = args.settings.liveness_bound.total_seconds()
         self._presence = NodePresence(self._board, args.node, bound)
         # At least two pings per session timeout (keep_alive_max_attempt may be 1).
@@ -123,7 +126,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._ticks = JoinTicks(
             self._board, args.node, self._office, self._tick, self._presence, bound=bound
         )
-        self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._round: int | None = None  # the last round this node completed
         # Without sessions, the nodes of ranks 0 and 1 watch the lease between rounds.
         self._deputy = False
@@ -190,8 +192,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def use_agent_store(self) -> bool:
         """Whether workers can reuse the agent-held store as their bootstrap store.
 
-        Always: rank 0's handler hosts a fresh store server for every round's
-        workers (``bootstrap_store_info``), whatever store the rendezvous is on.
+        Always: one node's handler (the steward's, when it is in the round;
+        else rank 0's) hosts a fresh store server for every round's workers
+        (``bootstrap_store_info``), whatever store the rendezvous is on.
         """
         return True
 
@@ -469,11 +472,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _round_info(self, seat: Seat) -> RendezvousInfo | None:
         """What ``next_rendezvous`` returns; ``None`` if rank 0 died before publishing."""
         round_store = PrefixStore(self._board.keys.round_store(seat.round), self._store)
-        if seat.rank == 0:
+        if seat.bootstrap is not None:  # the steward hosts it
+            bootstrap = seat.bootstrap
+        elif seat.rank == 0:
             try:
-                bootstrap = self._bootstrap.host(
-                    self._board, seat.round, keep_alive=self._keep_alive, tick=self._tick
-                )
+                hosted = self._bootstrap.serve(seat.round, self._keep_alive, self._tick)
+                bootstrap = self._board.publish_bootstrap(seat.round, hosted)
             except RendezvousError:
                 # The others would wait for an address that never comes: this node
                 # leaves the round, which goes stale, and they form the next one.

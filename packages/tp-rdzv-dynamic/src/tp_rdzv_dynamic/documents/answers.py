@@ -6,7 +6,10 @@ The steward publishes a completed round in three writes, in this order:
    and redundancy lists; zlib-compressed JSON above 4 KiB. Read by whoever
    asks (``RendezvousInfo.participants``, ``status``), not by every node;
 2. each participant's answer (``answer/<round>/<node>``): the round, its rank
-   and the world size, a few dozen bytes, written in batches (``multi_set``);
+   and the world size, and where the round's workers find their bootstrap
+   store when the steward hosts it (``"bootstrap": {"addr": ..., "port":
+   ...}``; absent when rank 0 publishes it at ``bootstrap/<round>``), a few
+   dozen bytes, written in batches (``multi_set``);
 3. the outcome (``result/<round>``, :func:`~.codecs.encode_outcome`): the
    round and its world size, which every waiting node is woken by.
 
@@ -23,13 +26,16 @@ import functools
 import json
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tp_rdzv_api import RendezvousStoreInfo
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RoundOutcome
 from tp_rdzv_dynamic.quoting import quoted
 
+from .bootstrap_address import bootstrap_fields, bootstrap_info
 from .codecs import SCHEMA, _node_fields, _Reader
 
 ANSWER_FORMAT = "tp-rdzv-answer"
@@ -40,11 +46,14 @@ _COMPRESS_ABOVE = 4096
 
 @dataclass(frozen=True)
 class Seat:
-    """One participant's answer: its rank in ``round`` of ``world_size`` nodes."""
+    """One participant's answer: its rank in ``round`` of ``world_size`` nodes, and
+    the workers' bootstrap store when the steward hosts it (``None``: rank 0
+    publishes it)."""
 
     round: int
     rank: int
     world_size: int
+    bootstrap: RendezvousStoreInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -58,27 +67,43 @@ class Roster:
 
 
 def encode_answer(seat: Seat) -> bytes:
-    """The answer document of ``seat`` (formatted directly: the steward writes one per node)."""
-    return (
-        f'{{"format":"{ANSWER_FORMAT}","schema":{SCHEMA},"round":{seat.round},'
-        f'"rank":{seat.rank},"world_size":{seat.world_size}}}'
-    ).encode()
+    """The answer document of ``seat``."""
+    return _encoder(seat.round, seat.world_size, seat.bootstrap)(seat.rank)
 
 
-def answers(outcome: RoundOutcome) -> list[tuple[_NodeDesc, bytes]]:
-    """Each participant of the completed ``outcome`` and its answer document."""
-    size = len(outcome.participants)
-    return [
-        (node, encode_answer(Seat(outcome.round, rank, size)))
-        for rank, node in enumerate(outcome.participants)
-    ]
+def _encoder(
+    round_: int, world_size: int, bootstrap: RendezvousStoreInfo | None
+) -> Callable[[int], bytes]:
+    """The answers of one round by rank (formatted directly: the steward writes one
+    per node, and all but the rank is the same for every node)."""
+    head = f'{{"format":"{ANSWER_FORMAT}","schema":{SCHEMA},"round":{round_},"rank":'
+    tail = f',"world_size":{world_size}'
+    if bootstrap is not None:
+        tail += f',"bootstrap":{{{bootstrap_fields(bootstrap)}}}'
+    tail += "}"
+    return lambda rank: f"{head}{rank}{tail}".encode()
+
+
+def answers(
+    outcome: RoundOutcome, bootstrap: RendezvousStoreInfo | None = None
+) -> list[tuple[_NodeDesc, bytes]]:
+    """Each participant of the completed ``outcome`` and its answer document, naming
+    ``bootstrap`` when the steward hosts the workers' bootstrap store."""
+    encode = _encoder(outcome.round, len(outcome.participants), bootstrap)
+    return [(node, encode(rank)) for rank, node in enumerate(outcome.participants)]
 
 
 def decode_answer(raw: bytes, where: str) -> Seat:
     """The seat in the answer ``raw``; ``RendezvousStateError`` naming ``where`` if malformed."""
     reader = _Reader(raw, ANSWER_FORMAT, where)
+    fields = reader.document.get("bootstrap")
+    if fields is not None and not isinstance(fields, dict):
+        raise reader.error(f"has a bad 'bootstrap': expected an object, got {quoted(fields)}")
     seat = Seat(
-        reader.value("round", int), reader.value("rank", int), reader.value("world_size", int)
+        reader.value("round", int),
+        reader.value("rank", int),
+        reader.value("world_size", int),
+        None if fields is None else bootstrap_info(reader, fields),
     )
     if seat.rank >= seat.world_size:
         raise reader.error(f"has rank {quoted(seat.rank)} in a world of {quoted(seat.world_size)}")

@@ -258,10 +258,15 @@ class RendezvousBoard:
         return seat
 
     # -- the workers' bootstrap store ---------------------------------------------
-    def publish_bootstrap(self, round_: int, info: RendezvousStoreInfo) -> None:
-        """Rank 0 of ``round_`` tells the other nodes where its workers' store is (one key)."""
+    def publish_bootstrap(self, round_: int, info: RendezvousStoreInfo) -> RendezvousStoreInfo:
+        """Tell the nodes of ``round_`` where its workers' store is (one key, written
+        once): ``info``, or the store published first (by a steward, or by rank 0
+        on reading an answer written before a steward published one)."""
         key, document = self.keys.bootstrap(round_), encode_bootstrap_address(info)
-        self._call("publishing the bootstrap store", lambda: self.store.set(key, document))
+        there = self._call(
+            "publishing the bootstrap store", lambda: self.store.compare_set(key, "", document)
+        )
+        return info if there == document else decode_bootstrap_address(there, key)
 
     def await_bootstrap(
         self, round_: int, timeout: float, vacancy: int | None = None
@@ -363,7 +368,11 @@ class RendezvousBoard:
         """Mark the rendezvous closed (the key only; the state is the backend's)."""
         self._call("closing", lambda: self.store.set(self.keys.closed, "1"))
 
-    def publish(self, outcome: RoundOutcome) -> bytes:
+    def publish(
+        self,
+        outcome: RoundOutcome,
+        bootstrap: Callable[[], RendezvousStoreInfo | None] | None = None,
+    ) -> bytes:
         """Publish ``outcome`` unless one is there for its round; return what is there.
 
         A completed round's roster and answers are written first (in
@@ -373,6 +382,12 @@ class RendezvousBoard:
         participants may have left since the nodes were told (what the nodes
         were told stays what the store holds). Written and not followed by an
         outcome (a steward died between), they are written whole again.
+
+        ``bootstrap()``, called only when the answers are written, is the
+        workers' bootstrap store the publisher hosts for the round (``None``:
+        rank 0 publishes one). The round's first address wins
+        (:meth:`publish_bootstrap`): every answer names the same store as
+        ``bootstrap/<round>``, whoever published first.
         """
         round_ = outcome.round
         key = self.keys.outcome(round_)
@@ -381,7 +396,10 @@ class RendezvousBoard:
                 return self.store.get(key)
             if not outcome.closed and outcome.error is None:
                 self.store.set(self.keys.roster(round_), encode_roster(outcome))
-                seats = answers(outcome)
+                hosted = bootstrap() if bootstrap is not None else None
+                if hosted is not None:
+                    hosted = self.publish_bootstrap(round_, hosted)
+                seats = answers(outcome, hosted)
                 for start in range(0, len(seats), ANSWER_BATCH):
                     chunk = seats[start : start + ANSWER_BATCH]
                     keys = [self.keys.answer(round_, node.key) for node, _ in chunk]

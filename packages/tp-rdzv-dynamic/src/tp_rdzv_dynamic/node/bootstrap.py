@@ -1,10 +1,13 @@
-"""The workers' bootstrap store of a round: rank 0 hosts it, the other nodes find it.
+"""The workers' bootstrap store of a round: the steward or rank 0 hosts it.
 
-Rank 0 hosts a new server per round and publishes its address and port in
-one key of the run (``bootstrap/<round>``), which the other nodes read in one
-request. Workers of a restarted job so never
-meet keys of an earlier attempt (gloo's addresses, c10d's barriers), as they
-would on the rendezvous store.
+A new server per round, so workers of a restarted job never meet keys of an
+earlier attempt (gloo's addresses, c10d's barriers), as they would on the
+rendezvous store. The steward hosts it when it is a participant of the round
+it completes: it writes the address in every participant's answer, which
+the nodes read anyway, so nobody waits for it. Otherwise (a steward that is
+a spare, or one that could not listen) rank 0 hosts it and publishes its
+address and port in one key of the run (``bootstrap/<round>``), which the
+other nodes wait for in one request.
 
 The server runs in a child process of the agent (:mod:`.bootstrap_child`),
 started with the first round this node hosts (under torchrun, with the
@@ -17,6 +20,7 @@ memory, and the child dies with the agent.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -32,23 +36,21 @@ log = logging.getLogger(__name__)
 
 
 class BootstrapServer:
-    """Rank 0's store server for the workers of its last round, in a child process."""
+    """This node's store server for the workers of the last round it hosted, in a
+    child process (used by the node's own thread and by its steward's)."""
 
     def __init__(self, node: _NodeDesc, run_id: str) -> None:
         self._node = node
         self._run_id = run_id
+        self._lock = threading.Lock()
         self._process: BootstrapProcess | None = None
         self._round: int | None = None  # the round whose workers it serves
         self._lost_reported = False
 
-    def host(
-        self,
-        board: RendezvousBoard,
-        round_: int,
-        keep_alive: Callable[[float], object],
-        tick: float,
+    def serve(
+        self, round_: int, keep_alive: Callable[[float], object], tick: float
     ) -> RendezvousStoreInfo:
-        """Start an empty server for the workers of ``round_`` and publish its address.
+        """Start an empty server for the workers of ``round_``; its address.
 
         ``keep_alive(now)`` runs every ``tick`` seconds while the child is slow
         to answer (starting, on a loaded machine): the node stays alive meanwhile.
@@ -59,27 +61,31 @@ class BootstrapServer:
         addr = self._node.addr
         if not addr or any(char.isspace() for char in addr):
             raise self._error(f"cannot listen on local_addr {addr!r}: not a host name or address")
-        process = self._running_process(round_)
-        try:
-            port = process.host(addr, keep_alive, tick)
-        except BootstrapProcessError as exc:
-            raise self._error(
-                f"{exc} (local_addr must name an address of this host; the workers' bootstrap "
-                "store never falls back to every interface)"
-            ) from exc
-        self._round = round_
-        self._lost_reported = False
-        info = RendezvousStoreInfo(addr, port)
-        board.publish_bootstrap(round_, info)
-        return info
+        with self._lock:
+            process = self._running_process(round_)
+            try:
+                port = process.host(addr, keep_alive, tick)
+            except BootstrapProcessError as exc:
+                raise self._error(
+                    f"{exc} (local_addr must name an address of this host; the workers' "
+                    "bootstrap store never falls back to every interface)"
+                ) from exc
+            self._round = round_
+            self._lost_reported = False
+        return RendezvousStoreInfo(addr, port)
 
     def prestart(self) -> None:
         """Start the process now (without waiting for it), not with the first round hosted."""
-        if self._process is None:
-            self._process = self._start()
+        with self._lock:
+            if self._process is None:
+                self._process = self._start()
 
     def lost(self) -> bool:
         """Whether the server of this node's round died with its process (logged once)."""
+        with self._lock:
+            return self._lost()
+
+    def _lost(self) -> bool:
         process = self._process
         if self._round is None or process is None:
             return False
@@ -102,16 +108,18 @@ class BootstrapServer:
 
     def close(self) -> None:
         """Stop the server (the agent stopped the workers of its round); the process stays."""
-        if self._process is not None and self._round is not None:
-            self._process.close_server()
-        self._round = None
+        with self._lock:
+            if self._process is not None and self._round is not None:
+                self._process.close_server()
+            self._round = None
 
     def shutdown(self) -> None:
         """Stop the server and its process."""
-        self._round = None
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
+        with self._lock:
+            self._round = None
+            if self._process is not None:
+                self._process.stop()
+                self._process = None
 
     def _running_process(self, round_: int) -> BootstrapProcess:
         process = self._process

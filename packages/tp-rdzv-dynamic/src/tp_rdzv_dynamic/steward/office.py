@@ -26,7 +26,7 @@ from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.settings import RendezvousSettings
 
-from .steward import Steward
+from .steward import BootstrapHost, Steward
 from .tenure import LeaseLost, Tenure
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class StewardOffice:
         settings: the run's settings.
         board: the node's board (the steward gets a clone: a connection of its own).
         holder: the state holder the steward's is cloned from.
+        host_bootstrap: hosts the workers' bootstrap store of the rounds this
+            node's steward completes with this node in them (see :class:`Steward`).
     """
 
     def __init__(
@@ -51,11 +53,13 @@ class StewardOffice:
         settings: RendezvousSettings,
         board: RendezvousBoard,
         holder: _RendezvousStateHolder,
+        host_bootstrap: BootstrapHost | None = None,
     ) -> None:
         self._node = node
         self._settings = settings
         self._board = board
         self._holder = holder
+        self._host_bootstrap = host_bootstrap
         self._bound = settings.liveness_bound.total_seconds()
         self._steward: Steward | None = None
         # The lease's clock: its value as last read, and since when (monotonic) it holds it.
@@ -155,7 +159,13 @@ class StewardOffice:
         with contextlib.suppress(LeaseLost, RendezvousConnectionError):
             tenure.hold_through_session()  # else the steward's thread tries, and reports
         steward = Steward(
-            self._node, self._settings, board, self._holder.clone(), tenure, suspect=suspect
+            self._node,
+            self._settings,
+            board,
+            self._holder.clone(),
+            tenure,
+            suspect=suspect,
+            host_bootstrap=self._host_bootstrap,
         )
         steward.start()
         self._steward = steward

@@ -17,11 +17,13 @@ interval.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 
-from tp_rdzv_api import RendezvousError, RendezvousStateError
+from tp_rdzv_api import RendezvousError, RendezvousStateError, RendezvousStoreInfo
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
 from tp_rdzv_dynamic.documents.codecs import (
@@ -57,6 +59,11 @@ _MAX_RETRIES = 16
 #: up to two intervals more).
 _SCANS_PER_TICK = 4
 
+#: ``host(round, keep_alive, tick)``: a new bootstrap store for the workers of
+#: ``round``, hosted by this node; ``keep_alive(now)`` runs every ``tick``
+#: seconds while it starts (see :meth:`~tp_rdzv_dynamic.node.bootstrap.BootstrapServer.serve`).
+BootstrapHost = Callable[[int, Callable[[float], object], float], RendezvousStoreInfo]
+
 
 class Steward:
     """Decides for the run while ``node`` holds the lease (``tenure``).
@@ -70,6 +77,9 @@ class Steward:
         suspect: the key of the node whose steward went silent for the liveness
             bound (the takeover's reason): its heartbeat counter is judged
             dead after one interval without moving instead of the whole bound.
+        host_bootstrap: hosts the workers' bootstrap store of a round this node
+            is a participant of, named in every answer (``None``: rank 0
+            hosts it and publishes it for the others to wait for).
     """
 
     def __init__(
@@ -81,6 +91,7 @@ class Steward:
         tenure: Tenure,
         *,
         suspect: str | None = None,
+        host_bootstrap: BootstrapHost | None = None,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -94,6 +105,7 @@ class Steward:
         self._beat_every = min(self._tick, bound / 2)
         self._liveness = LivenessTracker(bound)
         self._suspect = suspect
+        self._host_bootstrap = host_bootstrap
         # Members watched through their presence sessions (their departures come as
         # mail); the others' heartbeat counters are sampled.
         self._present: set[str] = set()
@@ -186,7 +198,8 @@ class Steward:
             self._liveness.suspect(self._suspect, now, self._tick)
         if state.complete:
             key = self.board.keys.outcome(state.round)
-            published = self.board.publish(state.outcome())
+            outcome = state.outcome()
+            published = self.board.publish(outcome, functools.partial(self._bootstrap_for, outcome))
             try:
                 members = decode_outcome(published, key).world_size
             except RendezvousStateError as exc:
@@ -509,7 +522,7 @@ class Steward:
         for outcome in transition.outcomes:
             round_, members = outcome.round, outcome.participants
             started = time.monotonic()
-            self.board.publish(outcome)
+            self.board.publish(outcome, functools.partial(self._bootstrap_for, outcome))
             # The record names the membership committed (a digest, not the
             # list): a log of these is what split-brain checks compare.
             log_event(
@@ -524,6 +537,27 @@ class Steward:
                 participants=members,
             )
         self._publish_counters()
+
+    def _bootstrap_for(self, outcome: RoundOutcome) -> RendezvousStoreInfo | None:
+        """The workers' bootstrap store of ``outcome``'s round, hosted here when this
+        node is a participant (its agent runs the round's workers); ``None`` makes
+        rank 0 host it."""
+        if self._host_bootstrap is None or self.node not in outcome.participants:
+            return None
+        try:
+            return self._host_bootstrap(outcome.round, self._keep_alive_while_hosting, self._tick)
+        except RendezvousError as exc:
+            self._event(
+                logging.WARNING,
+                "bootstrap_not_hosted",
+                f"steward {self.node} cannot host the workers' bootstrap store of round "
+                f"{outcome.round}; rank 0 hosts it: {exc}",
+                outcome.round,
+            )
+            return None
+
+    def _keep_alive_while_hosting(self, now: float) -> None:
+        self._beat_if_due()
 
     def _publish_counters(self) -> None:
         state = self._state
