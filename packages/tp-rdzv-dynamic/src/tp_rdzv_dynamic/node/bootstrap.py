@@ -83,28 +83,25 @@ class BootstrapServer:
     def lost(self) -> bool:
         """Whether the server of this node's round died with its process (logged once)."""
         with self._lock:
-            return self._lost()
-
-    def _lost(self) -> bool:
-        process = self._process
-        if self._round is None or process is None:
-            return False
-        status = process.exit_status()
-        if status is None:
-            return False
-        if not self._lost_reported:
-            self._lost_reported = True
-            log_event(
-                log,
-                logging.ERROR,
-                "bootstrap_store_lost",
-                f"the workers' bootstrap store of round {self._round} died with its process "
-                f"(pid {process.pid}, {describe_exit(status)}); the round is redone",
-                run_id=self._run_id,
-                node=self._node,
-                round_=self._round,
-            )
-        return True
+            process = self._process
+            if self._round is None or process is None:
+                return False
+            status = process.exit_status()
+            if status is None:
+                return False
+            if not self._lost_reported:
+                self._lost_reported = True
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "bootstrap_store_lost",
+                    f"the workers' bootstrap store of round {self._round} died with its "
+                    f"process (pid {process.pid}, {describe_exit(status)}); the round is redone",
+                    run_id=self._run_id,
+                    node=self._node,
+                    round_=self._round,
+                )
+            return True
 
     def close(self) -> None:
         """Stop the server (the agent stopped the workers of its round); the process stays."""
