@@ -449,7 +449,8 @@ def node_main(spec: dict[str, Any]) -> int:
 
         count_requests()
     round_records: list[dict[str, Any]] = []
-    logging.getLogger("tp_rdzv_dynamic").addHandler(_RoundRecords(round_records.append))
+    steward_records = _RoundRecords(round_records.append)
+    logging.getLogger("tp_rdzv_dynamic").addHandler(steward_records)
     handlers = [_make_handler(spec) for _ in range(spec["count"])]
     rounds = [threading.Semaphore(0) for _ in handlers]
     done: queue.Queue[tuple[float, Any, str | None]] = queue.Queue()
@@ -488,6 +489,9 @@ def node_main(spec: dict[str, Any]) -> int:
         for gate in rounds:
             gate.release()
         returned = [done.get() for _ in handlers]
+        # A steward of this process may still be publishing (the rest of the
+        # answers, the outcome) when the nodes here have theirs: its CPU is the round's.
+        steward_records.published.wait(spec["timeout"])
         cpu = _cpu_seconds() - cpu
         errors = [error for _, _, error in returned if error is not None]
         if errors:
@@ -518,12 +522,19 @@ class _RoundRecords(logging.Handler):
     def __init__(self, note: Callable[[dict[str, Any]], None]) -> None:
         super().__init__(logging.INFO)
         self._note = note
+        #: Clear from a round's decision until it is published (set: nothing under way).
+        self.published = threading.Event()
+        self.published.set()
 
     def emit(self, record: logging.LogRecord) -> None:
         action = getattr(record, "action", None)
         if action in {"round_decided", "round_complete"}:
             duration = getattr(record, "duration", 0.0)
             self._note({"action": action, "monotonic": time.monotonic(), "duration": duration})
+            if action == "round_decided":
+                self.published.clear()
+            else:
+                self.published.set()
 
 
 def _watch(handler: Any, index: int, changed: list[int]) -> None:
