@@ -116,7 +116,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._tick = args.settings.keep_alive_interval.total_seconds()
         self._bootstrap = BootstrapServer(args.node, args.settings.run_id)
         self._office = StewardOffice(
-            args.node, args.settings, self._board, args.holder, self._bootstrap.serve
+            args.node, args.settings, self._board, args.holder, self._bootstrap
         )
         bound = args.settings.liveness_bound.total_seconds()
         self._presence = NodePresence(self._board, args.node, bound)

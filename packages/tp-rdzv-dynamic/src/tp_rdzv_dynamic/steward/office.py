@@ -43,8 +43,8 @@ class StewardOffice:
         settings: the run's settings.
         board: the node's board (the steward gets a clone: a connection of its own).
         holder: the state holder the steward's is cloned from.
-        host_bootstrap: hosts the workers' bootstrap store of the rounds this
-            node's steward completes with this node in them (see :class:`Steward`).
+        bootstrap: hosts the workers' bootstrap store of the rounds this node's
+            steward completes with this node in them (see :class:`Steward`).
     """
 
     def __init__(
@@ -53,13 +53,13 @@ class StewardOffice:
         settings: RendezvousSettings,
         board: RendezvousBoard,
         holder: _RendezvousStateHolder,
-        host_bootstrap: BootstrapHost | None = None,
+        bootstrap: BootstrapHost | None = None,
     ) -> None:
         self._node = node
         self._settings = settings
         self._board = board
         self._holder = holder
-        self._host_bootstrap = host_bootstrap
+        self._bootstrap = bootstrap
         self._bound = settings.liveness_bound.total_seconds()
         self._steward: Steward | None = None
         # The lease's clock: its value as last read, and since when (monotonic) it holds it.
@@ -165,7 +165,7 @@ class StewardOffice:
             self._holder.clone(),
             tenure,
             suspect=suspect,
-            host_bootstrap=self._host_bootstrap,
+            bootstrap=self._bootstrap,
         )
         steward.start()
         self._steward = steward

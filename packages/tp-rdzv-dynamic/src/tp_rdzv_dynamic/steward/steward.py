@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from tp_rdzv_api import RendezvousError, RendezvousStateError, RendezvousStoreInfo
 from tp_rdzv_dynamic.backends.holder import _RendezvousStateHolder
@@ -59,10 +60,20 @@ _MAX_RETRIES = 16
 #: up to two intervals more).
 _SCANS_PER_TICK = 4
 
-#: ``host(round, keep_alive, tick)``: a new bootstrap store for the workers of
-#: ``round``, hosted by this node; ``keep_alive(now)`` runs every ``tick``
-#: seconds while it starts (see :meth:`~tp_rdzv_dynamic.node.bootstrap.BootstrapServer.serve`).
-BootstrapHost = Callable[[int, Callable[[float], object], float], RendezvousStoreInfo]
+
+class BootstrapHost(Protocol):
+    """Where this node hosts the workers' bootstrap store of a round
+    (:class:`~tp_rdzv_dynamic.node.bootstrap.BootstrapServer`)."""
+
+    def prestart(self) -> None:
+        """Start the store's process now, without waiting for it."""
+
+    def serve(
+        self, round_: int, keep_alive: Callable[[float], object], tick: float
+    ) -> RendezvousStoreInfo:
+        """A new, empty store for the workers of ``round_``; ``keep_alive(now)`` runs
+        every ``tick`` seconds while it starts."""
+        ...
 
 
 class Steward:
@@ -77,7 +88,7 @@ class Steward:
         suspect: the key of the node whose steward went silent for the liveness
             bound (the takeover's reason): its heartbeat counter is judged
             dead after one interval without moving instead of the whole bound.
-        host_bootstrap: hosts the workers' bootstrap store of a round this node
+        bootstrap: hosts the workers' bootstrap store of a round this node
             is a participant of, named in every answer (``None``: rank 0
             hosts it and publishes it for the others to wait for).
     """
@@ -91,7 +102,7 @@ class Steward:
         tenure: Tenure,
         *,
         suspect: str | None = None,
-        host_bootstrap: BootstrapHost | None = None,
+        bootstrap: BootstrapHost | None = None,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -105,7 +116,7 @@ class Steward:
         self._beat_every = min(self._tick, bound / 2)
         self._liveness = LivenessTracker(bound)
         self._suspect = suspect
-        self._host_bootstrap = host_bootstrap
+        self._bootstrap = bootstrap
         # Members watched through their presence sessions (their departures come as
         # mail); the others' heartbeat counters are sampled.
         self._present: set[str] = set()
@@ -172,6 +183,11 @@ class Steward:
         """Load the state and stamp it with this epoch, which fences older stewards out."""
         if not self._tenure.session_held:  # the office's attempt failed
             self._tenure.hold_through_session()
+        if self._bootstrap is not None:
+            # Its process starts (a Python interpreter) while the joins come in,
+            # not while the nodes wait for the answers that name it.
+            with contextlib.suppress(RendezvousError):  # then hosting fails, and rank 0 hosts
+                self._bootstrap.prestart()
         state, token = self.holder.load()
         for _ in range(_MAX_RETRIES):
             self._state = state
@@ -542,10 +558,10 @@ class Steward:
         """The workers' bootstrap store of ``outcome``'s round, hosted here when this
         node is a participant (its agent runs the round's workers); ``None`` makes
         rank 0 host it."""
-        if self._host_bootstrap is None or self.node not in outcome.participants:
+        if self._bootstrap is None or self.node not in outcome.participants:
             return None
         try:
-            return self._host_bootstrap(outcome.round, self._keep_alive_while_hosting, self._tick)
+            return self._bootstrap.serve(outcome.round, self._keep_alive_while_hosting, self._tick)
         except RendezvousError as exc:
             self._event(
                 logging.WARNING,
