@@ -191,6 +191,19 @@ def test_an_agents_polls_survive_the_store_closing_the_nodes_connection(make_nod
     assert handlers[0].is_closed()
 
 
+def test_the_rounds_lists_are_read_after_the_store_closed_the_nodes_connection(make_node, server):
+    handlers = [make_node(2, 2, interval=60, join=30) for _ in range(2)]
+    infos = rendezvous_all(handlers)
+    member, info = next(
+        (h, i) for h, i in zip(handlers, infos, strict=True) if not h._office.running
+    )
+    # The answer carried all the round needs: the node's first request after it
+    # (the lists, read when asked for) may find its connection closed.
+    close_presence_connection(server, member)
+    assert sorted(map(str, info.participants)) == sorted(str(h.node) for h in handlers)
+    assert member._presence.renewals == 1
+
+
 def test_a_departure_of_an_older_session_is_ignored(make_node, server, caplog):
     caplog.set_level(logging.INFO)
     handlers = [make_node(2, 2, interval=0.2) for _ in range(2)]

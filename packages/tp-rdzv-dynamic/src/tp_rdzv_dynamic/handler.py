@@ -33,7 +33,7 @@ from tp_store import PrefixStore, Store
 
 from .backends.backend import RendezvousBackend
 from .backends.holder import _RendezvousStateHolder
-from .documents.answers import Seat
+from .documents.answers import Roster, Seat
 from .documents.board import VACATED, RendezvousBoard
 from .events import log_event
 from .model.decisions import Join, Leave
@@ -496,7 +496,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if found is None:
                 return None
             bootstrap = found
-        return RoundInfo(round_store, seat, bootstrap, self._board)
+        return RoundInfo(round_store, seat, bootstrap, self._read_roster)
+
+    def _read_roster(self, round_: int) -> Roster:
+        """The lists of ``round_``, read when ``RendezvousInfo.participants`` is first
+        asked for: often the node's first request after its answer, which fails
+        if the store closed its connection meanwhile (it was frozen past the
+        liveness bound), so it is made again once the node is present again."""
+        return self._retried_if_present_again(functools.partial(self._board.read_roster, round_))
 
     def _keep_alive(self, now: float) -> None:
         """Heartbeat (the presence's pings go on by themselves) and watch the lease, as

@@ -10,11 +10,11 @@ a node that never asks (torchrun's agent does not) never reads them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tp_rdzv_api import RendezvousInfo, RendezvousStateError, RendezvousStoreInfo
-from tp_rdzv_dynamic.documents.answers import Seat
-from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.answers import Roster, Seat
 from tp_store import Store
 
 
@@ -26,17 +26,17 @@ class RoundInfo(RendezvousInfo):
     roster is corrupt).
     """
 
-    __slots__ = ("_board", "_lists_lock", "_lists_read", "_round")
+    __slots__ = ("_lists_lock", "_lists_read", "_read_roster", "_round")
 
     def __init__(
         self,
         store: Store,
         seat: Seat,
         bootstrap_store_info: RendezvousStoreInfo | None,
-        board: RendezvousBoard,
+        read_roster: Callable[[int], Roster],
     ) -> None:
         super().__init__(store, seat.rank, seat.world_size, bootstrap_store_info)
-        self._board = board
+        self._read_roster = read_roster
         self._round = seat.round
         self._lists_read = False
         self._lists_lock = threading.Lock()
@@ -61,7 +61,7 @@ class RoundInfo(RendezvousInfo):
         with self._lists_lock:
             if self._lists_read:
                 return
-            roster = self._board.read_roster(self._round)
+            roster = self._read_roster(self._round)
             if len(roster.participants) != self.world_size or roster.round != self._round:
                 raise RendezvousStateError(
                     f"the roster of round {self._round} lists {len(roster.participants)} "
