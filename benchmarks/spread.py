@@ -18,7 +18,7 @@ to the steward's record of the last victim's removal (``departures.py``: every
 node process notes those records and reports them when asked).
 
 The round's time is split with the steward's records (``round_decided``,
-``round_complete``, noted by the process that holds the steward): *joins*, from
+``round_published``, noted by the process that holds the steward): *joins*, from
 the start signal until the steward began the batch that completed the round;
 *decision*, that batch decided and the state saved; *answers*, from then until
 the last node returned (the round's roster, answers and outcome written,
@@ -220,7 +220,7 @@ def round_split(records: Sequence[dict], started: float, last: float) -> dict[st
     """The round's time split from the steward's records (see the module's note);
     empty when no process logged them (torch)."""
     decided = [r for r in records if r["action"] == "round_decided"]
-    complete = [r for r in records if r["action"] == "round_complete"]
+    complete = [r for r in records if r["action"] == "round_published"]
     if not decided or not complete:
         return {}
     first = min(decided, key=lambda record: record["monotonic"])
@@ -517,7 +517,7 @@ def node_main(spec: dict[str, Any]) -> int:
 
 
 class _RoundRecords(logging.Handler):
-    """Notes the steward's ``round_decided`` and ``round_complete`` records (ours)."""
+    """Notes the steward's ``round_decided`` and ``round_published`` records (ours)."""
 
     def __init__(self, note: Callable[[dict[str, Any]], None]) -> None:
         super().__init__(logging.INFO)
@@ -528,7 +528,7 @@ class _RoundRecords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         action = getattr(record, "action", None)
-        if action in {"round_decided", "round_complete"}:
+        if action in {"round_decided", "round_published"}:
             duration = getattr(record, "duration", 0.0)
             self._note({"action": action, "monotonic": time.monotonic(), "duration": duration})
             if action == "round_decided":

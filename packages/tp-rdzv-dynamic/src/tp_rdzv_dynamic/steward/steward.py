@@ -537,10 +537,10 @@ class Steward:
         """Publish the outcomes of the rounds that completed, then the counters."""
         for outcome in transition.outcomes:
             round_, members = outcome.round, outcome.participants
-            started = time.monotonic()
-            self.board.publish(outcome, functools.partial(self._bootstrap_for, outcome))
             # The record names the membership committed (a digest, not the
-            # list): a log of these is what split-brain checks compare.
+            # list): a log of these is what split-brain checks compare. It is
+            # written before any node is told, so every round a node returns
+            # has one, even if this process ends as its answers go out.
             log_event(
                 log,
                 logging.INFO,
@@ -549,8 +549,16 @@ class Steward:
                 run_id=self.board.run_id,
                 node=self.node,
                 round_=round_,
-                duration=time.monotonic() - started,  # publishing: roster, answers, outcome
                 participants=members,
+            )
+            started = time.monotonic()
+            self.board.publish(outcome, functools.partial(self._bootstrap_for, outcome))
+            self._event(
+                logging.INFO,
+                "round_published",
+                f"round {round_} published",
+                round_,
+                duration=time.monotonic() - started,  # the roster, answers, outcome
             )
         self._publish_counters()
 
