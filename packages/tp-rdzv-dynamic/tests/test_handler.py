@@ -135,8 +135,8 @@ def test_a_rank_0_dead_before_publishing_the_bootstrap_store_fails_nobody(
     with ThreadPoolExecutor(2) as pool:
         steward_round = pool.submit(steward.next_rendezvous)
         wait_until(lambda: steward._office.running, 30)
-        infos = [steward_round, pool.submit(other.next_rendezvous)]
-        infos = [future.result(timeout=60) for future in infos]
+        rounds = [steward_round, pool.submit(other.next_rendezvous)]
+        infos = [future.result(timeout=60) for future in rounds]
     assert sorted(info.rank for info in infos) == [0, 1]
     assert all(ghost not in info.participants for info in infos)
     (bootstrap,) = {info.bootstrap_store_info for info in infos}

@@ -10,8 +10,8 @@ address and port in one key of the run (``bootstrap/<round>``), which the
 other nodes wait for in one request.
 
 The server runs in a child process of the agent (:mod:`.bootstrap_child`),
-started with the first round this node hosts (under torchrun, with the
-handler) and kept for the next ones: a
+started when this node first becomes the steward or hosts a round (under
+torchrun, with the handler) and kept for the next rounds: a
 flood of its port cannot delay the agent's keep-alive, what the workers store
 (within :data:`~.bootstrap_child.BOOTSTRAP_LIMITS`) cannot grow the agent's
 memory, and the child dies with the agent.
