@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from handler_threads import RUN, rendezvous_all, wait_until
+from handler_threads import RUN, rendezvous_all, stop_handler, wait_until
 
 from tp_rdzv_api import (
     RendezvousClosedError,
@@ -118,6 +118,27 @@ def test_the_steward_hosts_the_workers_store_named_in_every_answer(make_node, se
     worker = TCPStore(bootstrap.master_addr, bootstrap.port, timeout=5)
     worker.set("k", "v")
     worker.close()
+
+
+def test_a_steward_that_is_a_spare_leaves_the_workers_store_to_rank_0(make_node):
+    # Loopback addresses of their own: who hosts the store shows in its address.
+    first, second = (make_node(2, 2, local_addr=f"127.0.0.{i}") for i in (2, 3))
+    rendezvous_all([first, second])
+    (steward,) = [handler for handler in (first, second) if handler._office.running]
+    steward._office.stop()  # it hands the lease back and stays a member
+    spare = make_node(2, 2, local_addr="127.0.0.4")
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(spare.next_rendezvous)  # beyond max_nodes: it waits, and takes the lease
+        wait_until(lambda: spare._office.running, 30)
+        wait_until(lambda: [n.node for n in first.status().redundancy_list] == [str(spare.node)])
+        infos = rendezvous_all([first, second])  # the survivors are seated before the spare
+        (bootstrap,) = {info.bootstrap_store_info for info in infos}
+        assert {info.rank for info in infos} == {0, 1}
+        assert bootstrap.master_addr == "127.0.0.2"  # rank 0's, not the steward's
+        assert spare._office.running
+        assert spare._bootstrap._round is None  # it hosts nothing
+        TCPStore(bootstrap.master_addr, bootstrap.port, timeout=5).close()
+        stop_handler(spare)  # ends its wait
 
 
 def test_a_rank_0_dead_before_publishing_the_bootstrap_store_fails_nobody(
