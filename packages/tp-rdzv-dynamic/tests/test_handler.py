@@ -86,12 +86,14 @@ def test_a_local_addr_it_cannot_listen_on_is_an_error_naming_it(make_node):
 
 def test_a_rank_0_that_cannot_host_lets_the_others_go_on(make_node):
     # "0.invalid" sorts first: it gets rank 0 and cannot listen on its address. It
+    # is the steward too (else the steward would host the store, not rank 0). It
     # fails, and marks the round stale: the other node joins the next round, which it
     # completes alone, instead of waiting for an address that never comes.
-    lost = make_node(1, 2, local_addr="0.invalid", join=30)
-    survivor = make_node(1, 2, local_addr="127.0.0.1", join=30)
+    lost = make_node(1, 2, local_addr="0.invalid", join=30, last_call=2)
+    survivor = make_node(1, 2, local_addr="127.0.0.1", join=30, last_call=2)
     with ThreadPoolExecutor(2) as pool:
         failed = pool.submit(lost.next_rendezvous)
+        wait_until(lambda: lost._office.running, 30)
         info = pool.submit(survivor.next_rendezvous)
         with pytest.raises(RendezvousConnectionError, match=r"cannot listen on '0\.invalid'"):
             failed.result(timeout=60)
