@@ -213,6 +213,8 @@ class Steward:
         if self._suspect is not None:
             self._liveness.suspect(self._suspect, now, self._tick)
         if state.complete:
+            # Before any node is told (see _step).
+            self._leave_will(state)
             key = self.board.keys.outcome(state.round)
             outcome = state.outcome()
             published = self.board.publish(outcome, functools.partial(self._bootstrap_for, outcome))
@@ -227,7 +229,6 @@ class Steward:
                 self._mark_stale(state.round)
             else:
                 self._check_stale(state)
-            self._leave_will(state)
         self._publish_counters()
         self._update_last_call(now)
         self._event(
@@ -478,6 +479,10 @@ class Steward:
                 round_,
                 duration=time.monotonic() - started,
             )
+        if transition.completed:
+            # The will first: a node returns as soon as its answer is written, and
+            # its agent must learn of this steward's death from then on.
+            self._leave_will(self._state)
         self._announce(transition)
         if before.complete and before.round != self._stale_round:
             self._check_stale(before)
