@@ -763,12 +763,12 @@ def _steward(observer: Any, nodes: Sequence[NodeProcess]) -> NodeProcess:
     return steward
 
 
-def test_a_paused_steward_is_still_a_participant(
-    spawn_node: Spawn, server: Any, tmp_path: Path
-) -> None:
-    """A process stopped for 1 s, less than its session timeout (a debugger, a
-    starved host), is slow, not dead: nobody removes it, not even when it is the
-    steward, whose lease is held through a session of its own."""
+def _three_in_a_round(
+    spawn_node: Spawn, server: Any, tmp_path: Path, interval: float, attempts: int
+) -> tuple[list[NodeProcess], Any, dict[str, Path]]:
+    """Three logged node processes on ``server`` after their first round (in rank
+    order), an observer of their run, and their logs; a silent node's session
+    ends after ``interval`` x ``attempts`` seconds."""
     endpoint = f"{ADDR}:{server.port}"
     run_id = _run_id()
     specs, logs = logged_specs(
@@ -779,12 +779,22 @@ def test_a_paused_steward_is_still_a_participant(
         min_nodes=3,
         max_nodes=3,
         is_host=False,
-        keep_alive_interval=1.0,
-        keep_alive_max_attempt=5,  # sessions end after 5 s of silence
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=attempts,
     )
     nodes = start_nodes(spawn_node, specs, host_first=False)
     ordered = check_round(nodes, ask_all(nodes, "next"))
-    observer = _observer(endpoint, run_id)
+    return ordered, _observer(endpoint, run_id), logs
+
+
+def test_a_paused_steward_is_still_a_participant(
+    spawn_node: Spawn, server: Any, tmp_path: Path
+) -> None:
+    """A process stopped for 1 s, less than its session timeout (a debugger, a
+    starved host), is slow, not dead: nobody removes it, not even when it is the
+    steward, whose lease is held through a session of its own."""
+    # Sessions end after 5 s of silence.
+    ordered, observer, logs = _three_in_a_round(spawn_node, server, tmp_path, 1.0, 5)
     paused = _steward(observer, ordered)
     epoch = observer.status().steward_epoch
     others = [node for node in ordered if node is not paused]
@@ -812,22 +822,8 @@ def test_a_member_paused_past_its_session_timeout_joins_the_next_round(
     paused VM) is gone: the store ends its session and closes its connection.
     Running again, its agent's next rendezvous seats it with the others, on a
     new connection and a new session, instead of failing on the closed one."""
-    endpoint = f"{ADDR}:{server.port}"
-    run_id = _run_id()
-    specs, logs = logged_specs(
-        endpoint,
-        run_id,
-        tmp_path,
-        3,
-        min_nodes=3,
-        max_nodes=3,
-        is_host=False,
-        keep_alive_interval=0.5,
-        keep_alive_max_attempt=2,  # sessions end after 1 s of silence
-    )
-    nodes = start_nodes(spawn_node, specs, host_first=False)
-    ordered = check_round(nodes, ask_all(nodes, "next"))
-    observer = _observer(endpoint, run_id)
+    # Sessions end after 1 s of silence.
+    ordered, observer, logs = _three_in_a_round(spawn_node, server, tmp_path, 0.5, 2)
     steward = _steward(observer, ordered)
     paused = next(node for node in ordered if node is not steward)
     os.kill(paused.pid, signal.SIGSTOP)
