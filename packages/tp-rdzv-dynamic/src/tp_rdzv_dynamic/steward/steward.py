@@ -212,6 +212,7 @@ class Steward:
         self._refresh_sampling()
         if self._suspect is not None:
             self._liveness.suspect(self._suspect, now, self._tick)
+        self._publish_counters()  # before any node is told (see _announce)
         if state.complete:
             # Before any node is told (see _step).
             self._leave_will(state)
@@ -229,7 +230,7 @@ class Steward:
                 self._mark_stale(state.round)
             else:
                 self._check_stale(state)
-        self._publish_counters()
+        self._tenure.hint(self._round_hint())
         self._update_last_call(now)
         self._event(
             logging.INFO,
@@ -539,7 +540,13 @@ class Steward:
         raise LeaseLost
 
     def _announce(self, transition: Transition) -> None:
-        """Publish the outcomes of the rounds that completed, then the counters."""
+        """Publish the counters, then the outcomes of the rounds that completed.
+
+        A node returns from its round on its answer and may ask at once how
+        many nodes wait (the agent's scale-up check): the counters must
+        already be those of the state that completed it.
+        """
+        self._publish_counters()
         for outcome in transition.outcomes:
             round_, members = outcome.round, outcome.participants
             # The record names the membership committed (a digest, not the
@@ -565,7 +572,7 @@ class Steward:
                 round_,
                 duration=time.monotonic() - started,  # the roster, answers, outcome
             )
-        self._publish_counters()
+        self._tenure.hint(self._round_hint())
 
     def _bootstrap_for(self, outcome: RoundOutcome) -> RendezvousStoreInfo | None:
         """The workers' bootstrap store of ``outcome``'s round, hosted here when this
@@ -601,7 +608,6 @@ class Steward:
             liveness=self._liveness_report,
         )
         self._liveness_report = None
-        self._tenure.hint(self._round_hint())
 
     def _round_hint(self) -> int:
         """The round a node joining now should wait for (published in the lease)."""
