@@ -53,20 +53,27 @@ def count_requests() -> None:
 
 
 def _count(transport: Any) -> None:
-    call, first_events = transport.call, transport.first_events
+    call = transport.call
 
     def counted_call(self: Any, path: str, body: Any, *args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             _COUNTS[f"{path} {family(body)}"] += 1
         return call(self, path, body, *args, **kwargs)
 
-    def counted_watch(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+    transport.call = counted_call
+    # A watch of its own (first_events), or one a process's waiters share (start_watch).
+    for name in ("first_events", "start_watch"):
+        if hasattr(transport, name):
+            setattr(transport, name, _counted_watch(getattr(transport, name)))
+
+
+def _counted_watch(watch: Any) -> Any:
+    def counted(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             _COUNTS[f"watch {family(request)}"] += 1
-        return first_events(self, request, *args, **kwargs)
+        return watch(self, request, *args, **kwargs)
 
-    transport.call = counted_call
-    transport.first_events = counted_watch
+    return counted
 
 
 def take_counts() -> dict[str, int]:

@@ -254,14 +254,15 @@ def _watch_opened(store: EtcdStore) -> threading.Event:
     """An event set once ``store``'s waiter has read and goes on to watch (from the
     revision after its read: a write from then on wakes it)."""
     opened = threading.Event()
-    transport = store._transport
-    first_events = transport.first_events
+    rpc = store._rpc  # over gRPC the wait starts a shared watch; else a watch of its own
+    target, name = (store._transport, "first_events") if rpc is None else (rpc, "start_watch")
+    start = getattr(target, name)
 
     def watching(*args: Any, **kwargs: Any) -> Any:
         opened.set()
-        return first_events(*args, **kwargs)
+        return start(*args, **kwargs)
 
-    transport.first_events = watching  # type: ignore[method-assign]
+    setattr(target, name, watching)
     return opened
 
 

@@ -1,10 +1,13 @@
-"""Watches over gRPC: one shared Watch stream per process and member, and waits that
-resume on the watch of the last one (``tp_rdzv_etcd.client.watch_stream``)."""
+"""Watches over gRPC: one shared Watch stream per process and member
+(``tp_rdzv_etcd.client.watch_stream``); the threads of a process waiting for one key
+share one read and one watch, kept for the next wait when all gave up
+(``tp_rdzv_etcd.client.shared_waits``)."""
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 import urllib.request
 import uuid
 from typing import Any
@@ -12,6 +15,7 @@ from typing import Any
 import pytest
 
 from tp_rdzv_etcd import EtcdStore
+from tp_rdzv_etcd.client.rpc import EtcdRpc
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import StoreTimeoutError
 
@@ -48,6 +52,89 @@ def test_many_waits_share_one_stream(etcd1: LocalEtcd) -> None:
         assert _watch_streams(member.client_url) - before <= 1
         for handle in handles:
             handle.close()
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threading.Event]:
+    """What every EtcdRpc of this process asks from now on (ranges, and watches
+    started), and an event set at the first watch."""
+    asked: list[str] = []
+    watched = threading.Event()
+    call, start_watch = EtcdRpc.call, EtcdRpc.start_watch
+
+    def counted_call(self: EtcdRpc, path: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(path)
+        return call(self, path, *args, **kwargs)
+
+    def counted_watch(self: EtcdRpc, *args: Any, **kwargs: Any) -> Any:
+        asked.append("watch")
+        watched.set()
+        return start_watch(self, *args, **kwargs)
+
+    monkeypatch.setattr(EtcdRpc, "call", counted_call)
+    monkeypatch.setattr(EtcdRpc, "start_watch", counted_watch)
+    return asked, watched
+
+
+def test_the_waits_of_a_process_for_one_key_share_one_read_and_one_watch(
+    etcd1: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"/watches/{uuid.uuid4().hex}/"
+    with EtcdStore(etcd1.endpoints, prefix, timeout=30, transport="grpc") as writer:
+        handles = [writer.clone() for _ in range(50)]
+        asked, watched = _counted(monkeypatch)
+        got: list[bytes] = []
+        waiters = [
+            threading.Thread(target=lambda h=h: got.append(h.wait_get("outcome", 30)))
+            for h in handles
+        ]
+        for waiter in waiters:
+            waiter.start()
+        assert watched.wait(30)
+        waits = writer._rpc.waits._waits  # type: ignore[union-attr]
+        key = writer._layout.value(b"outcome")
+        deadline = time.monotonic() + 30
+        while key not in waits or waits[key].waiters < len(handles):
+            assert time.monotonic() < deadline, "the waiters never all waited"
+            time.sleep(0.01)
+        writer.set("outcome", "round 0")
+        for waiter in waiters:
+            waiter.join(30)
+        assert got == [b"round 0"] * len(handles)
+        assert asked.count("watch") == 1
+        assert asked.count("/v3/kv/range") == 1
+        for handle in handles:
+            handle.close()
+
+
+def test_a_waiter_giving_up_leaves_the_shared_watch_to_the_others(
+    etcd1: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"/watches/{uuid.uuid4().hex}/"
+    with (
+        EtcdStore(etcd1.endpoints, prefix, timeout=30, transport="grpc") as writer,
+        writer.clone() as impatient,
+        writer.clone() as patient,
+    ):
+        asked, watched = _counted(monkeypatch)
+        timeouts: list[StoreTimeoutError] = []
+
+        def give_up_soon() -> None:
+            with pytest.raises(StoreTimeoutError) as raised:
+                impatient.wait_get("k", 1)
+            timeouts.append(raised.value)
+
+        first = threading.Thread(target=give_up_soon)
+        first.start()
+        assert watched.wait(30)  # the first waiter reads the watch, for both
+        got: list[bytes] = []
+        second = threading.Thread(target=lambda: got.append(patient.wait_get("k", 30)))
+        second.start()
+        first.join(30)
+        assert len(timeouts) == 1
+        writer.set("k", "after the first gave up")
+        second.join(30)
+        assert got == [b"after the first gave up"]
+        assert asked.count("watch") == 1
 
 
 def test_a_wait_resumed_after_a_timeout_sees_a_write_made_in_between(etcd1: LocalEtcd) -> None:

@@ -58,7 +58,7 @@ from tp_store.sessions.base import session_timeout_seconds
 from .client import rpc
 from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .client.lease_stream import LeaseKeeper, keeper
-from .client.rpc import EtcdRpc
+from .client.rpc import EtcdRpc, GrpcUnreachableError
 from .client.transport import GrpcOrGateway
 from .client.watch_stream import Watch
 from .endpoints import Endpoint, parse_endpoints
@@ -77,8 +77,6 @@ _POP_BATCH = 64
 #: Back-off after losing a race for a key: random, up to this unit x 2^losses, at most the cap.
 _BACKOFF_UNIT = 0.001
 _MAX_BACKOFF = 0.05
-#: The most watches a handle keeps for waits to come (the oldest is cancelled).
-_MAX_PARKED = 16
 #: The most counters a handle remembers the last revision of.
 _MAX_REMEMBERED = 4096
 #: Keys whose existence one transaction reads: three reads each (see ``_missing``).
@@ -99,10 +97,6 @@ def _kv(kv: Json) -> tuple[bytes, int, bytes]:
 def _first_kv(answer: Json) -> Json | None:
     kvs = answer.get("kvs")
     return kvs[0] if kvs else None
-
-
-def _all(events: list[Json]) -> list[Json]:
-    return events
 
 
 def _back_off(conflicts: int) -> None:
@@ -258,8 +252,6 @@ class EtcdStore(Store):
         self._seen: dict[bytes, tuple[int, bytes | None]] = {}
         # The oldest values of each queue, fetched in one read, popped in order.
         self._batches: dict[bytes, collections.deque[_Item]] = {}
-        # The watches of waits that timed out, by key, for the next wait (gRPC only).
-        self._parked: dict[bytes, Watch] = {}
 
     @property
     def _lease_keeper(self) -> LeaseKeeper | None:
@@ -293,11 +285,7 @@ class EtcdStore(Store):
         return twin
 
     def close(self) -> None:
-        """Close this handle's connections (and cancel its parked watches)."""
-        with self._lock:
-            parked, self._parked = list(self._parked.values()), {}
-        for watch in parked:
-            watch.cancel()
+        """Close this handle's connections."""
         self._gateway.close()
 
     def __repr__(self) -> str:
@@ -364,37 +352,66 @@ class EtcdStore(Store):
         return self.wait_get(key)
 
     def wait_get(self, key: Data, timeout: Timeout | None = None) -> bytes:
-        """The value of ``key``, waiting up to ``timeout`` (default: the store's) for it."""
+        """The value of ``key``, waiting up to ``timeout`` (default: the store's) for it.
+
+        Over gRPC the threads of a process waiting for the same key share one
+        read and one watch (:mod:`.client.shared_waits`).
+        """
         raw_key = as_bytes(key, "key")
         seconds = self._deadline_seconds(timeout)
         deadline = time.monotonic() + seconds
         etcd_key = self._layout.value(raw_key)
-        while True:
-            parked = self._unpark(etcd_key)
-            if parked is not None:
-                # The watch of the last wait for this key, kept: no write since is lost.
-                assert not isinstance(self._transport, EtcdGateway)  # it parks none
-                events = self._transport.resume(
-                    parked, deadline, _all, functools.partial(self._park, etcd_key)
-                )
-            else:
-                answer = self._range(etcd_key)
-                kv = _first_kv(answer)
-                if kv is not None:
-                    return _kv(kv)[2]
-                events = self._await_put(
+        rpc = self._rpc
+        if rpc is not None:
+            try:
+                value = rpc.waits.value(
                     etcd_key,
-                    None,
-                    _revision(answer) + 1,
                     deadline,
-                    park=functools.partial(self._park, etcd_key),
+                    functools.partial(self._value_as_of, etcd_key),
+                    functools.partial(self._watch_puts, rpc, etcd_key, deadline),
                 )
+            except GrpcUnreachableError:
+                pass  # waited for again below, through the gateway if need be
+            else:
+                if value is None:
+                    raise timeout_error([raw_key], seconds)
+                return value
+        while True:
+            found, revision = self._value_as_of(etcd_key)
+            if found is not None:
+                return found
+            events = self._await_put(etcd_key, None, revision + 1, deadline)
             if events is None:
                 raise timeout_error([raw_key], seconds)
             for event in events:
                 kv = event.get("kv")
                 if kv is not None and unb64(kv["key"]) == etcd_key:
                     return _kv(kv)[2]
+
+    def _value_as_of(self, etcd_key: bytes) -> tuple[bytes | None, int]:
+        """The value of ``etcd_key`` (``None`` if missing) and the revision read at."""
+        answer = self._range(etcd_key)
+        kv = _first_kv(answer)
+        return (None if kv is None else _kv(kv)[2]), _revision(answer)
+
+    @property
+    def _rpc(self) -> EtcdRpc | None:
+        """The gRPC client while requests go over gRPC; ``None`` through the gateway."""
+        transport = self._transport
+        if isinstance(transport, GrpcOrGateway):
+            return transport.rpc
+        return transport if isinstance(transport, EtcdRpc) else None
+
+    @staticmethod
+    def _watch_puts(
+        rpc: EtcdRpc, etcd_key: bytes, deadline: float, start_revision: int
+    ) -> Watch | None:
+        request: Json = {
+            "key": b64(etcd_key),
+            "start_revision": str(start_revision),
+            "filters": ["NODELETE"],
+        }
+        return rpc.start_watch(request, deadline)
 
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
         """The values of all ``keys``, waiting for all of them to exist."""
@@ -609,7 +626,6 @@ class EtcdStore(Store):
         deadline: float,
         *,
         wills_of: bytes | None = None,
-        park: Callable[[Watch], None] | None = None,
     ) -> list[Json] | None:
         """The first puts on ``key`` (or ``[key, end)``) from ``start_revision`` on.
 
@@ -629,24 +645,7 @@ class EtcdStore(Store):
                 return events
             return [event for event in events if wakes(event, self._layout, wills_of)]
 
-        return self._transport.first_events(request, deadline, keep, park)
-
-    def _park(self, etcd_key: bytes, watch: Watch) -> None:
-        """Keep the watch of a wait for ``etcd_key`` that timed out, for the next wait
-        for it (a caller waiting in slices costs one read and one watch in all)."""
-        with self._lock:
-            self._parked[etcd_key] = watch
-            evicted = (
-                self._parked.pop(next(iter(self._parked)))
-                if len(self._parked) > _MAX_PARKED
-                else None
-            )
-        if evicted is not None:
-            evicted.cancel()
-
-    def _unpark(self, etcd_key: bytes) -> Watch | None:
-        with self._lock:
-            return self._parked.pop(etcd_key, None)
+        return self._transport.first_events(request, deadline, keep)
 
     # -- listing ----------------------------------------------------------------
     def _value_keys(self) -> list[bytes]:

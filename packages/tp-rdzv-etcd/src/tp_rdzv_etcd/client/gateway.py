@@ -209,12 +209,11 @@ class EtcdGateway:
         create_request: Json,
         deadline: float,
         keep: Callable[[list[Json]], list[Json]],
-        park: object = None,
     ) -> list[Json] | None:
         """The first events of a watch (``create_request``) that ``keep`` keeps;
         ``None`` at the deadline, ``[]`` if the watch ended early (its member died,
         lost its leader, or compacted past the revision): the caller reads again.
-        A watch through the gateway ends with the call (``park`` is not used)."""
+        A watch through the gateway ends with the call."""
         response = self.open_watch(create_request, deadline)
         if response is None:
             return None

@@ -23,6 +23,7 @@ from tp_store import StoreConnectionError, StoreError
 from . import messages
 from .failover import Members, MemberUnavailable, NoMemberServed
 from .gateway import AmbiguousResultError, Json, LeaseNotFoundError, TlsFiles
+from .shared_waits import SharedWaits, shared_waits
 from .watch_stream import StreamBroken, Watch, shared_stream
 
 try:
@@ -331,19 +332,31 @@ class EtcdRpc:
         return dict(answer)
 
     # -- watches -----------------------------------------------------------------
+    @property
+    def waits(self) -> SharedWaits:
+        """This process's waits for keys of this cluster (:mod:`.shared_waits`)."""
+        return shared_waits((self.endpoints, self._tls))
+
+    def start_watch(self, create_request: Json, deadline: float) -> Watch | None:
+        """A watch (``create_request``, the gateway's shape) on this process's watch
+        stream to a member that takes it; ``None`` once ``deadline`` passes."""
+
+        def attempt(endpoint: Endpoint, remaining: float) -> Watch:
+            try:
+                return shared_stream(endpoint, self._tls, shared_channel).open(create_request)
+            except StreamBroken as exc:
+                raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
+
+        return self._fail_over(_WATCH, deadline, attempt)
+
     def first_events(
-        self,
-        create_request: Json,
-        deadline: float,
-        keep: Callable[[list[Json]], list[Json]],
-        park: Callable[[Watch], None] | None = None,
+        self, create_request: Json, deadline: float, keep: Callable[[list[Json]], list[Json]]
     ) -> list[Json] | None:
         """The first events of a watch (``create_request``, the gateway's shape) that
         ``keep`` keeps, on this process's watch stream to a member
         (:mod:`.watch_stream`); ``None`` at the deadline, ``[]`` if the watch
         ended early (its member died, lost its leader, or compacted past the
-        revision). At the deadline the watch goes to ``park`` (if given) to be
-        read on with :meth:`resume`; otherwise it is cancelled."""
+        revision). The watch is cancelled afterwards."""
 
         def attempt(endpoint: Endpoint, remaining: float) -> list[Json] | None:
             try:
@@ -351,39 +364,10 @@ class EtcdRpc:
             except StreamBroken as exc:
                 raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
             try:
-                return self._read_on(watch, deadline, keep, park)
+                return watch.next_events(deadline, keep)
             except StreamBroken as exc:
                 raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
+            finally:
+                watch.cancel()
 
         return self._fail_over(_WATCH, deadline, attempt)
-
-    def resume(
-        self,
-        watch: Watch,
-        deadline: float,
-        keep: Callable[[list[Json]], list[Json]],
-        park: Callable[[Watch], None] | None = None,
-    ) -> list[Json] | None:
-        """As :meth:`first_events`, on a watch parked by an earlier call."""
-        try:
-            return self._read_on(watch, deadline, keep, park)
-        except StreamBroken:
-            return []  # the caller reads again and watches again
-
-    @staticmethod
-    def _read_on(
-        watch: Watch,
-        deadline: float,
-        keep: Callable[[list[Json]], list[Json]],
-        park: Callable[[Watch], None] | None,
-    ) -> list[Json] | None:
-        parked = False
-        try:
-            events = watch.next_events(deadline, keep)
-            if events is None and park is not None:
-                park(watch)
-                parked = True
-            return events
-        finally:
-            if not parked:
-                watch.cancel()

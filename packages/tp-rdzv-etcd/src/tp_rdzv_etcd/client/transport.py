@@ -19,7 +19,6 @@ from tp_rdzv_etcd.endpoints import Endpoint
 
 from .gateway import EtcdGateway, Json
 from .rpc import EtcdRpc, GrpcUnreachableError
-from .watch_stream import Watch
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +65,18 @@ class GrpcOrGateway:
                 return answer
         return self._gateway.call(path, body, deadline, retry_ambiguous=retry_ambiguous)
 
+    @property
+    def rpc(self) -> EtcdRpc | None:
+        """The gRPC client, while gRPC is not found blocked."""
+        return None if self.blocked else self._rpc
+
     def first_events(
-        self,
-        create_request: Json,
-        deadline: float,
-        keep: Callable[[list[Json]], list[Json]],
-        park: Callable[[Watch], None] | None = None,
+        self, create_request: Json, deadline: float, keep: Callable[[list[Json]], list[Json]]
     ) -> list[Json] | None:
-        """As :meth:`.rpc.EtcdRpc.first_events` (the gateway parks nothing)."""
+        """As :meth:`.rpc.EtcdRpc.first_events`."""
         if not self.blocked:
             try:
-                return self._rpc.first_events(create_request, deadline, keep, park)
+                return self._rpc.first_events(create_request, deadline, keep)
             except GrpcUnreachableError as exc:
                 if time.monotonic() >= deadline:
                     return None
@@ -84,13 +84,3 @@ class GrpcOrGateway:
                 self._found_blocked(exc)
                 return events
         return self._gateway.first_events(create_request, deadline, keep)
-
-    def resume(
-        self,
-        watch: Watch,
-        deadline: float,
-        keep: Callable[[list[Json]], list[Json]],
-        park: Callable[[Watch], None] | None = None,
-    ) -> list[Json] | None:
-        """As :meth:`.rpc.EtcdRpc.resume`."""
-        return self._rpc.resume(watch, deadline, keep, park)
