@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tp_rdzv_etcd import EtcdSession, EtcdStore
-from tp_rdzv_etcd.layout import b64
+from tp_rdzv_etcd.layout import b64, range_end
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import (
     PrefixStore,
@@ -93,6 +93,30 @@ def test_an_attached_session_leaves_its_handle_open(store: EtcdStore) -> None:
     store.set("after", "3")
     assert store.wait_get("after", 5) == b"3"
     assert store.get("plain") == b"2"
+
+
+def test_presence_push_and_read_are_one_revision(store: EtcdStore) -> None:
+    store.set("lease", "held")
+    session = store.attach_session(ETCD_MIN_TTL)
+    held = session.set_with_will_push_and_get(
+        "present/a",
+        "token",
+        "departures",
+        "a gone",
+        push_onto="mailbox",
+        push="a joins",
+        get="lease",
+    )
+    assert held == b"held"
+    layout = store._layout
+    (present,) = store._range(layout.value(b"present/a"))["kvs"]
+    queue = layout.queue(b"mailbox")
+    (pushed,) = store._range(queue, range_end(queue))["kvs"]
+    # One transaction: no other client's write can come between them.
+    assert present["mod_revision"] == pushed["create_revision"]
+    assert present["lease"] == str(session.lease)
+    session.close()
+    assert store.queue_pop("departures") == b"a gone"
 
 
 # A session holder in a process of its own: it opens a session, writes a key and

@@ -314,8 +314,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _post_join(self, now: float) -> tuple[int, int]:
         """Be present and post this node's join: the counter whose change means
         the join must go again, and the round joined."""
-        # Present before the join is posted: the steward watches whom it seats.
-        if self._presence.open():
+        # A node that returned a round asks for a later one; a new node for any:
+        # the steward reads the round only of a join from a participant.
+        asked = 0 if self._round is None else self._round + 1
+        join = Join(self._node, self._hint, asked)
+        # Present before the join is posted (the steward watches whom it seats),
+        # or in the same step, with the lease read in it too, where the store can.
+        offered, posted = self._presence.open(join)
+        if offered:
             # A renewal of the session from here on posts the join again.
             counter = self._presence.renewals
             self._heartbeats.start(self._round or 0)
@@ -323,18 +329,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
             counter = self._board.beat(self._node)
         # No closed check first: a closed rendezvous has published "closed" as
         # the outcome of the round this node waits for.
-        # The round comes with the lease, read before posting: read after, it
-        # could already be past the round this join completes.
-        lease = self._office.watch(now)
-        round_ = lease.round
-        if self._round is not None:
+        if posted is not None:
+            self._office.posted(posted, now)
+            # The round as the join was posted (the lease may have moved on since).
+            round_ = max(posted.round, asked)
+        else:
+            # The round comes with the lease, read before posting: read after, it
+            # could already be past the round this join completes.
+            lease = self._office.watch(now)
             # The steward moves the lease's hint only after publishing the
             # outcome: a node calling again at once could read the old hint,
             # have its join taken as a repeat, and get back the round it
             # already holds while the others wait for a new one.
-            round_ = max(round_, self._round + 1)
+            round_ = max(lease.round, asked)
+            self._office.post(Join(self._node, self._hint, round_))
         self._event(logging.DEBUG, "joining", f"{self._node} joins round {round_}", round_=round_)
-        self._office.post(Join(self._node, self._hint, round_))
         return counter, round_
 
     def _retried_if_present_again(self, operation: Callable[[], _T]) -> _T:

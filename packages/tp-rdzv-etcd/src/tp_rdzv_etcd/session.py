@@ -38,7 +38,7 @@ from tp_store.protocol import Limits
 
 from .client.gateway import Json, LeaseNotFoundError
 from .client.lease_stream import COALESCE, KeepAliveFailed, LeaseKeeper
-from .layout import b64
+from .layout import b64, unb64
 from .wills import Will, push_own
 
 if TYPE_CHECKING:
@@ -138,8 +138,34 @@ class EtcdSession(StoreSession):
         put = {"key": b64(etcd_key), "value": b64(as_bytes(value)), "lease": str(self.lease)}
         self._write_will([{"request_put": put}], as_bytes(queue, "queue"), as_bytes(will))
 
-    def _write_will(self, also: list[Json], raw_queue: bytes, raw_value: bytes) -> None:
-        """One transaction: the puts ``also``, then a will's record and mark."""
+    def set_with_will_push_and_get(
+        self,
+        key: Data,
+        value: Data,
+        queue: Data,
+        will: Data,
+        *,
+        push_onto: Data,
+        push: Data,
+        get: Data,
+    ) -> bytes | None:
+        """:meth:`set_with_will`, a push and a read, in one transaction."""
+        layout = self._store._layout
+        etcd_key = layout.value(as_bytes(key, "key"))
+        put = {"key": b64(etcd_key), "value": b64(as_bytes(value)), "lease": str(self.lease)}
+        item = layout.new_queue_item(as_bytes(push_onto, "queue"))
+        pushed = {"key": b64(item), "value": b64(as_bytes(push))}
+        read = {"key": b64(layout.value(as_bytes(get, "key")))}
+        answer = self._write_will(
+            [{"request_range": read}, {"request_put": put}, {"request_put": pushed}],
+            as_bytes(queue, "queue"),
+            as_bytes(will),
+        )
+        kvs = answer["responses"][0].get("response_range", {}).get("kvs")
+        return unb64(kvs[0].get("value", "")) if kvs else None
+
+    def _write_will(self, also: list[Json], raw_queue: bytes, raw_value: bytes) -> Json:
+        """One transaction: the operations ``also``, then a will's record and mark; its answer."""
         layout = self._store._layout
         with self._lock:
             if len(self._wills) >= self._max_wills:
@@ -160,11 +186,12 @@ class EtcdSession(StoreSession):
             },
         ]
         try:
-            self._store._txn([], puts)
+            answer = self._store._txn([], puts)
         except LeaseNotFoundError as exc:
             raise self._expired() from exc
         with self._lock:
             self._wills.append(Will(raw_queue, record, raw_value))
+        return answer
 
     def keep_alive(self) -> None:
         """Renew the lease (``LeaseKeepAlive``: not written to etcd's log).

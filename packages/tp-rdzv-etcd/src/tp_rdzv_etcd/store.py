@@ -119,6 +119,11 @@ def _get(key: bytes) -> Json:
     return {"request_range": {"key": b64(key)}}
 
 
+def _never_created(key: bytes) -> Json:
+    """A transaction's compare: ``key`` does not exist."""
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
 def _unchanged_since(key: bytes, mod_revision: int) -> Json:
     """A transaction compare: ``key`` was last modified at ``mod_revision``."""
     return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
@@ -510,6 +515,18 @@ class EtcdStore(Store):
         self, etcd_key: bytes, raw_expected: bytes, raw_desired: bytes, lease: int = 0
     ) -> bytes:
         """``compare_set`` of ``etcd_key``; a write it makes is attached to ``lease`` (if any)."""
+        if not raw_expected and (raw_desired or lease):
+            # An empty expected matches a missing key: usually the case (nodes racing to
+            # create a key), so try creating it first, in the one transaction of a loser.
+            answer = self._txn(
+                [_never_created(etcd_key)], [_put(etcd_key, raw_desired, lease)], [_get(etcd_key)]
+            )
+            if answer.get("succeeded"):
+                return raw_desired
+            kv = _first_kv(answer["responses"][0].get("response_range", {}))
+            if kv is not None and _kv(kv)[2]:
+                return _kv(kv)[2]
+            # It holds the empty value (or was deleted since): compared below.
         while True:
             if raw_expected == raw_desired and not lease:
                 # Nothing to change unless the key must be created: a read.
@@ -535,17 +552,7 @@ class EtcdStore(Store):
                 return _kv(kv)[2]
             if raw_expected:
                 return raw_expected
-            created = self._txn(
-                [
-                    {
-                        "key": b64(etcd_key),
-                        "target": "CREATE",
-                        "result": "EQUAL",
-                        "create_revision": "0",
-                    }
-                ],
-                [_put(etcd_key, raw_desired, lease)],
-            )
+            created = self._txn([_never_created(etcd_key)], [_put(etcd_key, raw_desired, lease)])
             if created.get("succeeded"):
                 return raw_desired
             # Created by someone else in between: decide again on their value.

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Final, TypeVar
 
 from tp_rdzv_api import RendezvousConnectionError, RendezvousStateError, RendezvousStoreInfo
-from tp_rdzv_dynamic.model.decisions import Message
+from tp_rdzv_dynamic.model.decisions import Join, Message
 from tp_rdzv_dynamic.model.gone import Gone
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_rdzv_dynamic.model.state import RoundOutcome
@@ -120,6 +120,26 @@ class RendezvousBoard:
         gone = encode_message(Gone(node, token))
         with self._store_errors("announcing this node's presence"):
             session.set_with_will(self.keys.presence(node.key), token, self.keys.mailbox, gone)
+
+    def enter(self, session: StoreSession, node: _NodeDesc, token: str, join: Join) -> Lease | None:
+        """:meth:`be_present`, :meth:`post` ``join`` and :meth:`read_lease`, as one atomic
+        step where the store can (etcd: one transaction); ``None``, with nothing
+        done, where it cannot. The lease is what it held as the join was posted."""
+        gone = encode_message(Gone(node, token))
+        with self._store_errors("announcing this node and posting its join"):
+            try:
+                raw = session.set_with_will_push_and_get(
+                    self.keys.presence(node.key),
+                    token,
+                    self.keys.mailbox,
+                    gone,
+                    push_onto=self.keys.mailbox,
+                    push=encode_message(join),
+                    get=self.keys.lease,
+                )
+            except UnsupportedOperationError:
+                return None
+        return Lease.parse(b"" if raw is None else raw)  # missing: vacant, created by the taker
 
     def present_again(self, gone: Gone) -> bool:
         """Whether ``gone.node`` is present through another session than ``gone.token``'s.

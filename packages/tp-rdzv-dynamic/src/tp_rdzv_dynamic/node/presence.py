@@ -30,7 +30,9 @@ import secrets
 import threading
 
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
+from tp_rdzv_dynamic.documents.codecs import Lease
 from tp_rdzv_dynamic.events import log_event
+from tp_rdzv_dynamic.model.decisions import Join
 from tp_rdzv_dynamic.model.node_desc import _NodeDesc
 from tp_store import StoreError, StoreSession
 
@@ -70,15 +72,21 @@ class NodePresence:
         session = self._session
         return session is not None and not session.ended
 
-    def open(self) -> bool:
-        """Be present, if the store offers sessions; whether it does.
+    def open(self, join: Join | None = None) -> tuple[bool, Lease | None]:
+        """Be present, if the store offers sessions: whether it does, and the lease
+        if ``join`` was posted too.
+
+        On its first call, where the store can, ``join`` is posted and the lease
+        read in the same atomic step as the presence is announced
+        (:meth:`RendezvousBoard.enter`): one request for the three. Otherwise
+        (present already, no sessions, or a store that cannot) nothing is
+        posted, and the lease is ``None``.
 
         Raises :class:`~tp_rdzv_api.RendezvousConnectionError` if the store failed.
         """
         with self._lock:
-            if self._offered is None:
-                self._open()
-            return bool(self._offered)
+            lease = self._open(join) if self._offered is None else None
+            return bool(self._offered), lease
 
     def keep_alive(self) -> None:
         """Ping the session; replace it if the store ended it (and count the renewal).
@@ -105,7 +113,7 @@ class NodePresence:
                         node=self._node,
                     )
             if self._offered:
-                self._open()
+                self._open(None)
                 self.renewals += 1
 
     def close(self) -> None:
@@ -116,16 +124,21 @@ class NodePresence:
             with contextlib.suppress(StoreError):
                 session.close()
 
-    def _open(self) -> None:
-        """Open a session and be present through it (the lock held)."""
+    def _open(self, join: Join | None) -> Lease | None:
+        """Open a session and be present through it, posting ``join`` with it where
+        the store can: then the lease read in that step (the lock held)."""
         session = self._board.attach_session(self._timeout, "this node's presence session")
         self._offered = session is not None
         if session is None:
-            return
+            return None
+        token = secrets.token_hex(16)
         try:
-            self._board.be_present(session, self._node, secrets.token_hex(16))
+            lease = None if join is None else self._board.enter(session, self._node, token, join)
+            if lease is None:
+                self._board.be_present(session, self._node, token)
         except BaseException:
             with contextlib.suppress(StoreError):
                 session.close()
             raise
         self._session = session
+        return lease

@@ -99,8 +99,20 @@ class StewardOffice:
         with self._lock:
             return self._watch(now, rejoin, self._board)
 
-    def _watch(self, now: float, rejoin: Join | None, board: RendezvousBoard) -> Lease:
-        lease = board.read_lease()
+    def posted(self, read: Lease, now: float) -> Lease:
+        """As :meth:`watch`, for the lease ``read`` in the same atomic step that posted
+        this node's join (:meth:`RendezvousBoard.enter`)."""
+        with self._lock:
+            lease = self._watch(now, None, self._board, read)
+            # The join went to the steward then in office; posted while the lease was
+            # vacant, it waits in the mailbox for whoever took office since.
+            self._posted_epoch = read.epoch if read.holder else self._epoch
+            return lease
+
+    def _watch(
+        self, now: float, rejoin: Join | None, board: RendezvousBoard, read: Lease | None = None
+    ) -> Lease:
+        lease = board.read_lease() if read is None else read
         self._note(lease, now)
         mine = lease.holder == self._node.key
         if not lease.holder or (mine and not self.running):

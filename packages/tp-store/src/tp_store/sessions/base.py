@@ -24,7 +24,7 @@ import math
 from types import TracebackType
 from typing import TypeVar
 
-from tp_store.base import Data, Timeout, as_timedelta
+from tp_store.base import Data, Timeout, UnsupportedOperationError, as_timedelta
 
 _SessionT = TypeVar("_SessionT", bound="StoreSession")
 
@@ -86,6 +86,32 @@ class StoreSession(abc.ABC):
         """
         self.set(key, value)
         self.add_will(queue, will)
+
+    def set_with_will_push_and_get(
+        self,
+        key: Data,
+        value: Data,
+        queue: Data,
+        will: Data,
+        *,
+        push_onto: Data,
+        push: Data,
+        get: Data,
+    ) -> bytes | None:
+        """:meth:`set_with_will`, ``Store.queue_push(push_onto, push)`` and a read of
+        ``get``, as one atomic step: no other client's write comes between them.
+
+        Returns what ``get`` held then (``None``: it was missing). So a client
+        can announce itself, post a request, and learn the state the request
+        will be read in, in one request (etcd: one transaction).
+
+        Optional: a session that cannot do the three atomically raises
+        :class:`~tp_store.errors.UnsupportedOperationError` (the default)
+        without doing any of them, and its caller does them one by one.
+        """
+        raise UnsupportedOperationError(
+            f"{type(self).__name__} cannot set, push and get in one atomic step"
+        )
 
     @abc.abstractmethod
     def keep_alive(self) -> None:

@@ -203,6 +203,28 @@ class _PrefixSession(StoreSession):
             self._key(key), as_bytes(value), self._key(queue), as_bytes(will)
         )
 
+    def set_with_will_push_and_get(
+        self,
+        key: Data,
+        value: Data,
+        queue: Data,
+        will: Data,
+        *,
+        push_onto: Data,
+        push: Data,
+        get: Data,
+    ) -> bytes | None:
+        """``set_with_will_push_and_get`` of the prefixed keys, if the underlying session can."""
+        return self._session.set_with_will_push_and_get(
+            self._key(key),
+            as_bytes(value),
+            self._key(queue),
+            as_bytes(will),
+            push_onto=self._key(push_onto),
+            push=as_bytes(push),
+            get=self._key(get),
+        )
+
     def keep_alive(self) -> None:
         """Keep the underlying session alive."""
         self._session.keep_alive()

@@ -14,7 +14,13 @@ from datetime import timedelta
 
 import pytest
 
-from tp_store import SessionExpiredError, Store, StoreConnectionError, StoreSession
+from tp_store import (
+    SessionExpiredError,
+    Store,
+    StoreConnectionError,
+    StoreSession,
+    UnsupportedOperationError,
+)
 from tp_store.testing.contract import TIMEOUT, Call, Harness
 
 #: A session timeout that never fires by accident during a test.
@@ -81,6 +87,40 @@ class StoreSessionContract:
         with pytest.raises(SessionExpiredError):
             session.set_with_will("present/a", "again", "departures", "again")
         assert not observer.check(["present/a"])
+
+    def test_set_with_will_push_and_get_does_all_three_at_once_or_none(
+        self, harness: Harness
+    ) -> None:
+        store, observer = harness.store, harness.handle()
+        store.set("lease", "held by b")
+        session = store.open_session(LONG)
+
+        def announce(get: str) -> bytes | None:
+            return session.set_with_will_push_and_get(
+                "present/a", "token", "departures", "a left",
+                push_onto="mailbox", push="a joins", get=get,
+            )  # fmt: skip
+
+        try:
+            assert announce("lease") == b"held by b"
+        except UnsupportedOperationError:
+            # Not offered: nothing was done, and the caller does the three one by one.
+            session.close()
+            for key in ("present/a", "mailbox", "departures"):
+                assert not observer.check([key]), key
+            return
+        assert observer.get("present/a") == b"token"
+        assert pushed(observer, "mailbox") == [b"a joins"]
+        assert announce("missing") is None
+        popper = Call(lambda: (observer.queue_pop("departures"), observer.check(["present/a"])))
+        popper.assert_blocked()
+        session.close()
+        # The key is owned by the session; both wills are pushed after its deletion.
+        assert popper.outcome() == (b"a left", False)
+        assert pushed(observer, "departures") == [b"a left"]
+        with pytest.raises(SessionExpiredError):
+            announce("lease")
+        assert pushed(observer, "mailbox") == [b"a joins"]  # the second call's push only
 
     def test_close_is_idempotent_and_ends_every_use(self, store: Store) -> None:
         session = store.open_session(LONG)

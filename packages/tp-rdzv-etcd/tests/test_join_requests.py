@@ -1,0 +1,69 @@
+"""What a node's round costs etcd: its lease, one transaction to join, one read of its answer.
+
+Real handlers from the registry on a real etcd; each node's own handle is
+watched (the steward works on a handle of its own).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tp_rdzv_api import RendezvousParameters, create_handler
+from tp_rdzv_dynamic import DynamicRendezvousHandler
+from tp_rdzv_etcd.local import LocalEtcd
+
+pytestmark = pytest.mark.etcd
+
+
+def _count_calls(handler: DynamicRendezvousHandler) -> list[str]:
+    """The requests of ``handler``'s own handle from now on: paths, and a txn's operations."""
+    transport = handler._board.store._transport  # type: ignore[attr-defined]
+    call = transport.call
+    asked: list[str] = []
+
+    def counted(path: str, body: Any, *args: Any, **kwargs: Any) -> Any:
+        ops = [next(iter(op)) for op in body.get("success", [])] if path == "/v3/kv/txn" else []
+        asked.append(" ".join([path, *ops]))
+        return call(path, body, *args, **kwargs)
+
+    transport.call = counted
+    return asked
+
+
+def test_a_node_joins_with_one_transaction(etcd1: LocalEtcd) -> None:
+    config = {"etcd_prefix": f"/joins/{uuid.uuid4().hex}", "read_timeout": 30}
+    handlers = [
+        create_handler(RendezvousParameters("etcd", etcd1.endpoints, "run", 3, 3, **config))
+        for _ in range(3)
+    ]
+    try:
+        steward, *others = handlers
+        counts = [_count_calls(handler) for handler in others]
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(steward.next_rendezvous)
+            # The first node takes the lease; the others find it held.
+            deadline = time.monotonic() + 30
+            while not steward._office.running:  # type: ignore[attr-defined]
+                assert not first.done(), first.exception()
+                assert time.monotonic() < deadline, "no node took the lease"
+                time.sleep(0.01)
+            rounds = [pool.submit(handler.next_rendezvous) for handler in others]
+            infos = [future.result(timeout=60) for future in [first, *rounds]]
+        assert sorted(info.rank for info in infos) == [0, 1, 2]
+        for asked in counts:
+            # Its lease; present, posted and the lease read in one transaction; its answer
+            # (and, for one node of the process, the outcome it waited for).
+            assert asked[:2] == [
+                "/v3/lease/grant",
+                "/v3/kv/txn request_range request_put request_put request_put request_put",
+            ], asked
+            assert set(asked[2:]) <= {"/v3/kv/range"}, asked
+            assert len(asked) <= 4, asked
+    finally:
+        for handler in handlers:
+            handler.shutdown()
