@@ -111,3 +111,24 @@ def test_before_any_term_is_known_a_request_waits_for_its_answer() -> None:
 
     threading.Thread(target=meanwhile).start()
     assert term.await_answer(pending, 0)
+
+
+def test_a_pause_between_passes_ends_when_a_new_leader_answers() -> None:
+    """A call that found no leader on any member waits out its back-off only until
+    another call's answer names a newer term: then it retries at once, once."""
+    term = RaftTerm()
+    term.saw({"header": {"raft_term": "3"}})
+    pause = term.pauses()
+    paused = threading.Thread(target=pause, args=(60,))
+    paused.start()
+    deadline = time.monotonic() + 30
+    while not term._waiting:  # the pause has begun
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    term.saw({"header": {"raft_term": "4"}})  # another call's answer, from the new leader
+    paused.join(30)
+    assert not paused.is_alive()
+    # The next pause of the same call waits again: term 4 is no news to it.
+    started = time.monotonic()
+    pause(0.2)
+    assert time.monotonic() - started >= 0.2

@@ -56,8 +56,16 @@ class Members:
         self._lock = threading.Lock()
         self._current = 0
 
-    def fail_over(self, attempt: Callable[[Endpoint, float], _T], deadline: float) -> _T:
+    def fail_over(
+        self,
+        attempt: Callable[[Endpoint, float], _T],
+        deadline: float,
+        pause: Callable[[float], None] = time.sleep,
+    ) -> _T:
         """``attempt(member, seconds left)`` on the members in turn until one serves it.
+
+        Between passes it calls ``pause(seconds)``, which may return early
+        (when a new leader is known: see :class:`.rpc.RaftTerm`).
 
         Raises:
             NoMemberServed: by ``deadline`` (monotonic), or early when no member
@@ -83,9 +91,9 @@ class Members:
             unreachable_passes = 0 if reached_any else unreachable_passes + 1
             if unreachable_passes >= UNREACHABLE_PASSES:
                 raise NoMemberServed(last, unreachable=True)
-            pause = min(backoff, deadline - time.monotonic())
-            if pause > 0:
-                time.sleep(pause)  # an election is under way, or members are restarting
+            wait = min(backoff, deadline - time.monotonic())
+            if wait > 0:
+                pause(wait)  # an election is under way, or members are restarting
             backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _rotation(self) -> list[Endpoint]:

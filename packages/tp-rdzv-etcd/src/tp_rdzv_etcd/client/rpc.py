@@ -131,8 +131,9 @@ class RaftTerm:
     def __init__(self) -> None:
         self.current = 0  # 0: none seen yet
         self._lock = threading.Lock()
-        # One event per call awaiting its answer: an answer wakes its own caller
-        # only (a shared condition woke every waiting thread at every answer).
+        # One event per call awaiting its answer or pausing between passes: a new
+        # term wakes them; an answer wakes its own caller only (a shared condition
+        # woke every waiting thread at every answer).
         self._waiting: set[threading.Event] = set()
 
     def saw(self, answer: Json) -> None:
@@ -147,6 +148,29 @@ class RaftTerm:
                 waiting = list(self._waiting)
             for woken in waiting:
                 woken.set()
+
+    def pauses(self) -> Callable[[float], None]:
+        """A pause between a call's passes over the members that ends early once an
+        answer names a term newer than the last pause began at (a new leader:
+        every call of the process retries at once, none sleeps its back-off out)."""
+        seen = self.current
+
+        def pause(seconds: float) -> None:
+            nonlocal seen
+            woken = threading.Event()
+            with self._lock:
+                newer = self.current > seen
+                if not newer:
+                    self._waiting.add(woken)
+            if not newer:
+                try:
+                    woken.wait(seconds)
+                finally:
+                    with self._lock:
+                        self._waiting.discard(woken)
+            seen = self.current
+
+        return pause
 
     def await_answer(self, pending: Any, since: int) -> bool:
         """Wait for the call ``pending`` (a gRPC future) sent at term ``since``; whether it
@@ -260,7 +284,7 @@ class EtcdRpc:
             GrpcUnreachableError: no member could be reached over gRPC.
         """
         try:
-            return self._members.fail_over(attempt, deadline)
+            return self._members.fail_over(attempt, deadline, self._term.pauses())
         except NoMemberServed as exc:
             if not exc.unreachable:
                 return None
