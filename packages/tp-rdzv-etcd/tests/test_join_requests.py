@@ -67,3 +67,32 @@ def test_a_node_joins_with_one_transaction(etcd1: LocalEtcd) -> None:
     finally:
         for handler in handlers:
             handler.shutdown()
+
+
+def test_a_node_joining_a_later_round_asks_for_it_again(etcd1: LocalEtcd) -> None:
+    config = {
+        "etcd_prefix": f"/joins/{uuid.uuid4().hex}",
+        "read_timeout": 30,
+        "last_call_timeout": 0.5,  # the first round: two of at most three
+    }
+    handlers = [
+        create_handler(RendezvousParameters("etcd", etcd1.endpoints, "run", 2, 3, **config))
+        for _ in range(3)
+    ]
+    try:
+        *first, late = handlers
+        with ThreadPoolExecutor(3) as pool:
+            for future in [pool.submit(handler.next_rendezvous) for handler in first]:
+                assert future.result(timeout=60).world_size == 2
+            asked = _count_calls(late)
+            pending = pool.submit(late.next_rendezvous)
+            rounds = [pool.submit(handler.next_rendezvous) for handler in first]
+            infos = [future.result(timeout=60) for future in [pending, *rounds]]
+        assert {info.world_size for info in infos} == {3}
+        assert sorted(info.rank for info in infos) == [0, 1, 2]
+        # The lease named round 1 as the join went: asked for round 0 (any), it asks again.
+        assert asked[1].startswith("/v3/kv/txn request_range request_put"), asked
+        assert "/v3/kv/put" in asked[2:], asked
+    finally:
+        for handler in handlers:
+            handler.shutdown()

@@ -333,6 +333,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._office.posted(posted, now)
             # The round as the join was posted (the lease may have moved on since).
             round_ = max(posted.round, asked)
+            if round_ != asked:
+                # Asked for an earlier round than the lease names: if this node is a
+                # participant of the completed one (a join whose answer was lost, sent
+                # again), the steward takes it as a repeat, and this node would wait
+                # for a round that never seats it. Asked again for the named round,
+                # it leaves that one and is seated in the next, as any rejoin.
+                self._office.post(Join(self._node, self._hint, round_))
         else:
             # The round comes with the lease, read before posting: read after, it
             # could already be past the round this join completes.
