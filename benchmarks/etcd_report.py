@@ -49,7 +49,8 @@ def _done(data: dict[str, Any] | None) -> list[dict[str, Any]]:
 def write_plot(out_dir: Path) -> tuple[str, list[Path]]:
     """The plot's alt text and what was written (nothing without results)."""
     one, kill = _load(ONE_MEMBER_JSON), _load(KILL_JSON)
-    runs = _done(one)
+    runs = [run for run in _done(one) if not _lone(run)]
+    lone = [run for run in _done(one) if _lone(run)]
     if not runs:
         return "", []
     plt = pyplot()
@@ -62,6 +63,14 @@ def write_plot(out_dir: Path) -> tuple[str, list[Path]]:
     )
     for axis, (title, field, targets) in zip(axes, panels, strict=True):
         axis.plot(sizes, [run[field] for run in runs], "o-", color=ETCD_COLOR, label="one member")
+        if lone:
+            axis.plot(
+                [run["nodes"] for run in lone],
+                [run[field] for run in lone],
+                "^",
+                color=ETCD_COLOR,
+                label="one member, one node per process",
+            )
         killed = _done(kill)
         if killed:
             axis.plot(
@@ -86,11 +95,18 @@ def write_plot(out_dir: Path) -> tuple[str, list[Path]]:
     figure.tight_layout()
     save(figure, out_dir / PNG)
     alt = "; ".join(
-        f"{run['nodes']} nodes: {run['seconds']:.2f} s, {run['requests_per_node']} requests "
+        f"{run['nodes']} nodes"
+        + (" (one per process)" if _lone(run) else "")
+        + f": {run['seconds']:.2f} s, {run['requests_per_node']} requests "
         f"and {run['etcd_cpu_ms_per_node']} ms of etcd CPU per node"
-        for run in runs
+        for run in [*runs, *lone]
     )
     return f"The round on etcd against the node count: {alt}", [out_dir / PNG]
+
+
+def _lone(run: dict[str, Any]) -> bool:
+    """Whether every node of ``run`` had a process of its own."""
+    return bool(run["processes"] == run["nodes"])
 
 
 def _rows(data: dict[str, Any] | None) -> list[list[str]]:
@@ -181,6 +197,13 @@ def section(alt: str) -> str:
         + " / ".join(f"{seconds:g}" for seconds in TARGETS.values())
         + " s.\n"
     )
+    out.append(
+        "The threads of a process that wait for the same round share one read and one watch of "
+        "its outcome (`tp_rdzv_etcd.client.shared_waits`), so with a hundred nodes or more per "
+        "process the wait costs each node almost nothing. A node alone in its process, as one "
+        "agent per host runs, waits with a read of the outcome, a watch (its create and its "
+        "cancel) and a read of its answer: the N / N row counts those, the others do not.\n"
+    )
     out.append(f"One member (etcd {one.get('versions', {}).get('etcd', '?')}, {one['date']}):\n")
     out.append(markdown_table(header, _rows(one), ALIGN) + "\n")
     if kill is not None:
@@ -220,11 +243,17 @@ def section(alt: str) -> str:
             f"CPU per second: {shown}; target {TARGET_IDLE_MS_PER_S:g} ms/s (629 before "
             "issue 25, 177 after it).\n"
         )
-    done = _done(one)
+    done = [run for run in _done(one) if not _lone(run)]
     if done:
         largest = max(done, key=lambda run: run["nodes"])
         out.append(
             f"Where a node's requests go ({largest['nodes']} nodes, per node, counted in the node "
             f"processes by request and key family): {_families(largest)}.\n"
+        )
+    for run in (run for run in _done(one) if _lone(run)):
+        out.append(
+            f"With one node per process ({run['nodes']} nodes): {_families(run)} "
+            "(`range roster`: the bench's check of the participant lists after the round, "
+            "once per process; etcd's counts above stop before it).\n"
         )
     return "\n".join(out)

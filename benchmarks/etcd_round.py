@@ -49,7 +49,8 @@ from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "etcd_round.json"
 KILL_OUT = HERE / "results" / "etcd_round_kill.json"
-CASES = "128:4,1000:8,2000:8,4000:16"
+#: The last: one node per process, as one agent per host runs (nothing shared in a process).
+CASES = "128:4,1000:8,2000:8,4000:16,128:128"
 KILL_CASES = "1000:8"
 #: Into the joins of a 1,000-node round (about 1 s of its 1.5 s).
 KILL_AFTER = 0.5

@@ -60,7 +60,7 @@ def test_a_node_joins_with_one_transaction(etcd1: LocalEtcd) -> None:
             # (and, for one node of the process, the outcome it waited for).
             assert asked[:2] == [
                 "/v3/lease/grant",
-                "/v3/kv/txn request_range request_put request_put request_put request_put",
+                "/v3/kv/txn request_put request_put request_range request_put request_put",
             ], asked
             assert set(asked[2:]) <= {"/v3/kv/range"}, asked
             assert len(asked) <= 4, asked
@@ -91,7 +91,7 @@ def test_a_node_joining_a_later_round_asks_for_it_again(etcd1: LocalEtcd) -> Non
         assert {info.world_size for info in infos} == {3}
         assert sorted(info.rank for info in infos) == [0, 1, 2]
         # The lease named round 1 as the join went: asked for round 0 (any), it asks again.
-        assert asked[1].startswith("/v3/kv/txn request_range request_put"), asked
+        assert asked[1].startswith("/v3/kv/txn request_put request_put request_range"), asked
         assert "/v3/kv/put" in asked[2:], asked
     finally:
         for handler in handlers:

@@ -157,11 +157,11 @@ class EtcdSession(StoreSession):
         pushed = {"key": b64(item), "value": b64(as_bytes(push))}
         read = {"key": b64(layout.value(as_bytes(get, "key")))}
         answer = self._write_will(
-            [{"request_range": read}, {"request_put": put}, {"request_put": pushed}],
+            [{"request_put": put}, {"request_put": pushed}, {"request_range": read}],
             as_bytes(queue, "queue"),
             as_bytes(will),
         )
-        kvs = answer["responses"][0].get("response_range", {}).get("kvs")
+        kvs = answer["responses"][2].get("response_range", {}).get("kvs")
         return unb64(kvs[0].get("value", "")) if kvs else None
 
     def _write_will(self, also: list[Json], raw_queue: bytes, raw_value: bytes) -> Json:
