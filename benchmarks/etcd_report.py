@@ -61,25 +61,16 @@ def write_plot(out_dir: Path) -> tuple[str, list[Path]]:
         ("etcd requests per node", "requests_per_node", TARGET_REQUESTS_PER_NODE),
         ("etcd CPU per node (ms)", "etcd_cpu_ms_per_node", TARGET_CPU_MS_PER_NODE),
     )
+    series = (
+        (runs, "o-", ETCD_COLOR, "one member"),
+        (lone, "^", ETCD_COLOR, "one member, one node per process"),
+        (_done(kill), "s--", OURS_COLOR, "three members, leader killed"),
+    )
     for axis, (title, field, targets) in zip(axes, panels, strict=True):
-        axis.plot(sizes, [run[field] for run in runs], "o-", color=ETCD_COLOR, label="one member")
-        if lone:
-            axis.plot(
-                [run["nodes"] for run in lone],
-                [run[field] for run in lone],
-                "^",
-                color=ETCD_COLOR,
-                label="one member, one node per process",
-            )
-        killed = _done(kill)
-        if killed:
-            axis.plot(
-                [run["nodes"] for run in killed],
-                [run[field] for run in killed],
-                "s--",
-                color=OURS_COLOR,
-                label="three members, leader killed",
-            )
+        for shown, style, color, label in series:
+            if shown:
+                nodes = [run["nodes"] for run in shown]
+                axis.plot(nodes, [run[field] for run in shown], style, color=color, label=label)
         if isinstance(targets, dict):
             axis.plot(list(targets), list(targets.values()), "k:", label="target")
         else:

@@ -21,7 +21,6 @@ gateway serves the rest (and everything when ``grpcio`` is missing).
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -33,6 +32,7 @@ from tp_rdzv_etcd.endpoints import Endpoint
 
 from . import messages
 from .gateway import TlsFiles
+from .per_process import PerProcess
 from .request_stream import queued_requests
 from .rpc import open_channel
 
@@ -257,15 +257,9 @@ class LeaseKeeper:
                 self._next += 1
 
 
-_KEEPERS: dict[tuple[int, tuple[Endpoint, ...], TlsFiles], LeaseKeeper] = {}
-_KEEPERS_LOCK = threading.Lock()
+_KEEPERS: PerProcess[tuple[tuple[Endpoint, ...], TlsFiles], LeaseKeeper] = PerProcess()
 
 
 def keeper(endpoints: Sequence[Endpoint], tls: TlsFiles) -> LeaseKeeper:
     """This process's keeper for the cluster at ``endpoints`` (a forked child gets its own)."""
-    key = (os.getpid(), tuple(endpoints), tls)
-    with _KEEPERS_LOCK:
-        found = _KEEPERS.get(key)
-        if found is None:
-            found = _KEEPERS[key] = LeaseKeeper(endpoints, tls)
-        return found
+    return _KEEPERS.get((tuple(endpoints), tls), lambda: LeaseKeeper(endpoints, tls))

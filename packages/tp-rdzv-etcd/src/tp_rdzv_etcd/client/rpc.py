@@ -12,7 +12,6 @@ Only for clusters without etcd authentication (users go through the gateway).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ from tp_store import StoreConnectionError, StoreError
 from . import messages
 from .failover import Members, MemberUnavailable, NoMemberServed
 from .gateway import AmbiguousResultError, Json, LeaseNotFoundError, TlsFiles
+from .per_process import PerProcess
 from .shared_waits import SharedWaits, shared_waits
 from .watch_stream import StreamBroken, Watch, shared_stream
 
@@ -92,18 +92,12 @@ def open_channel(endpoint: Endpoint, tls: TlsFiles) -> Any:
     return grpc.secure_channel(target, credentials, options=options)
 
 
-_CHANNELS: dict[tuple[int, Endpoint, TlsFiles], Any] = {}
-_CHANNELS_LOCK = threading.Lock()
+_CHANNELS: PerProcess[tuple[Endpoint, TlsFiles], Any] = PerProcess()
 
 
 def shared_channel(endpoint: Endpoint, tls: TlsFiles) -> Any:
     """This process's channel to ``endpoint`` (a forked child makes its own)."""
-    key = (os.getpid(), endpoint, tls)
-    with _CHANNELS_LOCK:
-        found = _CHANNELS.get(key)
-        if found is None:
-            found = _CHANNELS[key] = open_channel(endpoint, tls)
-        return found
+    return _CHANNELS.get((endpoint, tls), lambda: open_channel(endpoint, tls))
 
 
 def _proposes(path: str, body: Json) -> bool:
@@ -191,33 +185,26 @@ class RaftTerm:
 
 _T = TypeVar("_T")
 
-_TERMS: dict[tuple[int, tuple[Endpoint, ...]], RaftTerm] = {}
+_TERMS: PerProcess[tuple[Endpoint, ...], RaftTerm] = PerProcess()
 
 
 def raft_term(endpoints: tuple[Endpoint, ...]) -> RaftTerm:
     """This process's :class:`RaftTerm` of the cluster at ``endpoints``."""
-    key = (os.getpid(), endpoints)
-    with _CHANNELS_LOCK:
-        term = _TERMS.get(key)
-        if term is None:
-            term = _TERMS[key] = RaftTerm()
-        return term
+    return _TERMS.get(endpoints, RaftTerm)
 
 
 class GrpcUnreachableError(StoreConnectionError):
     """No member could be reached over gRPC (down, or gRPC blocked on the way)."""
 
 
-_STUBS: dict[tuple[int, Endpoint, TlsFiles, str], Any] = {}
+_STUBS: PerProcess[tuple[Endpoint, TlsFiles, str], Any] = PerProcess()
 
 
 def unary(endpoint: Endpoint, tls: TlsFiles, method: str) -> Any:
     """A callable of the unary ``method`` on this process's channel to ``endpoint``."""
-    key = (os.getpid(), endpoint, tls, method)
-    found = _STUBS.get(key)
-    if found is None:
-        found = _STUBS[key] = shared_channel(endpoint, tls).unary_unary(method)
-    return found
+    return _STUBS.get(
+        (endpoint, tls, method), lambda: shared_channel(endpoint, tls).unary_unary(method)
+    )
 
 
 def _status(exc: Exception) -> tuple[int, str]:
@@ -359,7 +346,7 @@ class EtcdRpc:
     @property
     def waits(self) -> SharedWaits:
         """This process's waits for keys of this cluster (:mod:`.shared_waits`)."""
-        return shared_waits((self.endpoints, self._tls))
+        return shared_waits(self.endpoints, self._tls)
 
     def start_watch(self, create_request: Json, deadline: float) -> Watch | None:
         """A watch (``create_request``, the gateway's shape) on this process's watch

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import base64
 import collections
-import os
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Final
 
-from .gateway import Json
+from tp_rdzv_etcd.endpoints import Endpoint
+
+from .gateway import Json, TlsFiles
+from .per_process import PerProcess
 from .watch_stream import StreamBroken, Watch
 
 #: The most watches a process keeps per cluster for waits to come.
@@ -195,15 +197,9 @@ def _value_in(events: list[Json], key: bytes) -> bytes | None:
     return None
 
 
-_HUBS: dict[tuple[int, Hashable], SharedWaits] = {}
-_HUBS_LOCK = threading.Lock()
+_WAITS: PerProcess[tuple[tuple[Endpoint, ...], TlsFiles], SharedWaits] = PerProcess()
 
 
-def shared_waits(cluster: Hashable) -> SharedWaits:
-    """This process's :class:`SharedWaits` for ``cluster`` (a forked child makes its own)."""
-    key = (os.getpid(), cluster)
-    with _HUBS_LOCK:
-        found = _HUBS.get(key)
-        if found is None:
-            found = _HUBS[key] = SharedWaits()
-        return found
+def shared_waits(endpoints: tuple[Endpoint, ...], tls: TlsFiles) -> SharedWaits:
+    """This process's :class:`SharedWaits` for the cluster at ``endpoints``."""
+    return _WAITS.get((endpoints, tls), SharedWaits)

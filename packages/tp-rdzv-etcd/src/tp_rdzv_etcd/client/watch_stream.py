@@ -14,7 +14,6 @@ read again and watch again, on a new stream.
 from __future__ import annotations
 
 import itertools
-import os
 import queue
 import threading
 import time
@@ -25,6 +24,7 @@ from tp_rdzv_etcd.endpoints import Endpoint
 
 from . import messages
 from .gateway import Json, TlsFiles
+from .per_process import PerProcess
 from .request_stream import queued_requests
 
 _WATCH = "/etcdserverpb.Watch/Watch"
@@ -164,17 +164,13 @@ class Watch:
         self._stream.cancel(self._id)
 
 
-_STREAMS: dict[tuple[int, Endpoint, TlsFiles], WatchStream] = {}
-_STREAMS_LOCK = threading.Lock()
+_STREAMS: PerProcess[tuple[Endpoint, TlsFiles], WatchStream] = PerProcess(
+    stale=lambda stream: stream.ended
+)
 
 
 def shared_stream(
     endpoint: Endpoint, tls: TlsFiles, channel: Callable[[Endpoint, TlsFiles], Any]
 ) -> WatchStream:
     """This process's watch stream to ``endpoint`` (a new one when the last ended)."""
-    key = (os.getpid(), endpoint, tls)
-    with _STREAMS_LOCK:
-        found = _STREAMS.get(key)
-        if found is None or found.ended:
-            found = _STREAMS[key] = WatchStream(channel(endpoint, tls), endpoint)
-        return found
+    return _STREAMS.get((endpoint, tls), lambda: WatchStream(channel(endpoint, tls), endpoint))
