@@ -16,6 +16,7 @@ import pytest
 
 from tp_rdzv_etcd import EtcdStore
 from tp_rdzv_etcd.client.rpc import EtcdRpc
+from tp_rdzv_etcd.client.shared_waits import MAX_PARKED
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import StoreTimeoutError
 
@@ -171,3 +172,24 @@ def test_a_kept_watch_whose_stream_ended_reads_again(make_cluster: Any) -> None:
         with EtcdStore(",".join(m.client_url for m in others), prefix, timeout=30) as writer:
             writer.set("k", "after the kill")
         assert waiter.wait_get("k", 30) == b"after the kill"
+
+
+def test_the_oldest_kept_watch_goes_when_too_many_are_kept(
+    etcd1: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"/watches/{uuid.uuid4().hex}/"
+    kept = [f"k{index}" for index in range(MAX_PARKED + 1)]
+    with (
+        EtcdStore(etcd1.endpoints, prefix, timeout=30, transport="grpc") as waiter,
+        waiter.clone() as writer,
+    ):
+        for key in kept:
+            with pytest.raises(StoreTimeoutError):
+                waiter.wait_get(key, 0.05)  # each wait's watch kept when it gives up
+        writer.set(kept[0], "oldest")
+        writer.set(kept[-1], "newest")
+        asked, _ = _counted(monkeypatch)
+        assert waiter.wait_get(kept[-1], 30) == b"newest"
+        assert asked == []  # its kept watch had it
+        assert waiter.wait_get(kept[0], 30) == b"oldest"
+        assert asked == ["/v3/kv/range"]  # its watch was cancelled: read again

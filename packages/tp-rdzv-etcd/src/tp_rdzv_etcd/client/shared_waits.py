@@ -145,30 +145,36 @@ class SharedWaits:
 
     def _finish(self, key: bytes, wait: _KeyWait, value: bytes | None) -> None:
         """End ``wait`` with ``value`` (``None``: its waiters start again)."""
-        with wait.changed:
-            if wait.over:
-                return
-            wait.over, wait.value = True, value
-            if self._waits.get(key) is wait:
-                del self._waits[key]
-            self._parked.pop(key, None)
-            watch, wait.watch = wait.watch, None
-            wait.changed.notify_all()
+        with self._lock:
+            watch = self._end(key, wait, value)
         if watch is not None:
             watch.cancel()
 
+    def _end(self, key: bytes, wait: _KeyWait, value: bytes | None) -> Watch | None:
+        """End ``wait`` (the lock held): no waiter joins it from now on; its watch, to cancel."""
+        if wait.over:
+            return None
+        wait.over, wait.value = True, value
+        if self._waits.get(key) is wait:
+            del self._waits[key]
+        self._parked.pop(key, None)
+        watch, wait.watch = wait.watch, None
+        wait.changed.notify_all()
+        return watch
+
     def _leave(self, key: bytes, wait: _KeyWait) -> None:
         """The last waiter to leave an open watch parks it; the oldest parked goes."""
-        evicted: list[tuple[bytes, _KeyWait]] = []
+        cancelled: list[Watch | None] = []
         with self._lock:
             wait.waiters -= 1
             if wait.waiters or wait.over:
                 return
             self._parked[key] = wait
             while len(self._parked) > MAX_PARKED:
-                evicted.append(self._parked.popitem(last=False))
-        for old_key, old in evicted:
-            self._finish(old_key, old, None)
+                cancelled.append(self._end(*self._parked.popitem(last=False), None))
+        for watch in cancelled:
+            if watch is not None:
+                watch.cancel()
 
 
 def _puts_of(key: bytes) -> Callable[[list[Json]], list[Json]]:
