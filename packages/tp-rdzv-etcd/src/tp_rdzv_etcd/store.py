@@ -60,7 +60,6 @@ from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .client.lease_stream import LeaseKeeper, keeper
 from .client.rpc import EtcdRpc, GrpcUnreachableError
 from .client.transport import GrpcOrGateway
-from .client.watch_stream import Watch
 from .endpoints import Endpoint, parse_endpoints
 from .layout import KeyLayout, b64, range_end, unb64
 from .session import EtcdSession
@@ -122,6 +121,19 @@ def _get(key: bytes) -> Json:
 def _never_created(key: bytes) -> Json:
     """A transaction's compare: ``key`` does not exist."""
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+def _watch_request(
+    key: bytes, end: bytes | None, start_revision: int, *, deletes: bool = False
+) -> Json:
+    """A watch of ``key`` (or ``[key, end)``) from ``start_revision``: its puts, and
+    with ``deletes`` its deletions too."""
+    request: Json = {"key": b64(key), "start_revision": str(start_revision)}
+    if not deletes:
+        request["filters"] = ["NODELETE"]
+    if end is not None:
+        request["range_end"] = b64(end)
+    return request
 
 
 def _unchanged_since(key: bytes, mod_revision: int) -> Json:
@@ -373,7 +385,9 @@ class EtcdStore(Store):
                     etcd_key,
                     deadline,
                     functools.partial(self._value_as_of, etcd_key),
-                    functools.partial(self._watch_puts, rpc, etcd_key, deadline),
+                    lambda revision: rpc.start_watch(
+                        _watch_request(etcd_key, None, revision), deadline
+                    ),
                 )
             except GrpcUnreachableError:
                 pass  # waited for again below, through the gateway if need be
@@ -406,17 +420,6 @@ class EtcdStore(Store):
         if isinstance(transport, GrpcOrGateway):
             return transport.rpc
         return transport if isinstance(transport, EtcdRpc) else None
-
-    @staticmethod
-    def _watch_puts(
-        rpc: EtcdRpc, etcd_key: bytes, deadline: float, start_revision: int
-    ) -> Watch | None:
-        request: Json = {
-            "key": b64(etcd_key),
-            "start_revision": str(start_revision),
-            "filters": ["NODELETE"],
-        }
-        return rpc.start_watch(request, deadline)
 
     def multi_get(self, keys: Sequence[Data]) -> list[bytes]:
         """The values of all ``keys``, waiting for all of them to exist."""
@@ -641,11 +644,7 @@ class EtcdStore(Store):
         ``None`` once ``deadline`` passes; ``[]`` if the watch ended early (a
         member died or cancelled it): the caller reads again and re-watches.
         """
-        request: Json = {"key": b64(key), "start_revision": str(start_revision)}
-        if wills_of is None:
-            request["filters"] = ["NODELETE"]
-        if end is not None:
-            request["range_end"] = b64(end)
+        request = _watch_request(key, end, start_revision, deletes=wills_of is not None)
 
         def keep(events: list[Json]) -> list[Json]:
             if wills_of is None:

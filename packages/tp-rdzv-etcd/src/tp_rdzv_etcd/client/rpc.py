@@ -351,14 +351,9 @@ class EtcdRpc:
     def start_watch(self, create_request: Json, deadline: float) -> Watch | None:
         """A watch (``create_request``, the gateway's shape) on this process's watch
         stream to a member that takes it; ``None`` once ``deadline`` passes."""
-
-        def attempt(endpoint: Endpoint, remaining: float) -> Watch:
-            try:
-                return shared_stream(endpoint, self._tls, shared_channel).open(create_request)
-            except StreamBroken as exc:
-                raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
-
-        return self._fail_over(_WATCH, deadline, attempt)
+        return self._fail_over(
+            _WATCH, deadline, lambda endpoint, _: self._open_watch(endpoint, create_request)
+        )
 
     def first_events(
         self, create_request: Json, deadline: float, keep: Callable[[list[Json]], list[Json]]
@@ -370,15 +365,20 @@ class EtcdRpc:
         revision). The watch is cancelled afterwards."""
 
         def attempt(endpoint: Endpoint, remaining: float) -> list[Json] | None:
-            try:
-                watch = shared_stream(endpoint, self._tls, shared_channel).open(create_request)
-            except StreamBroken as exc:
-                raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
+            watch = self._open_watch(endpoint, create_request)
             try:
                 return watch.next_events(deadline, keep)
-            except StreamBroken as exc:
+            except StreamBroken as exc:  # before the member set the watch up
                 raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
             finally:
                 watch.cancel()
 
         return self._fail_over(_WATCH, deadline, attempt)
+
+    def _open_watch(self, endpoint: Endpoint, create_request: Json) -> Watch:
+        """A watch on this process's stream to ``endpoint``; ``MemberUnavailable`` if
+        that stream has ended (another member may take it)."""
+        try:
+            return shared_stream(endpoint, self._tls, shared_channel).open(create_request)
+        except StreamBroken as exc:
+            raise MemberUnavailable(str(exc), reached=exc.reached, ambiguous=False) from exc
