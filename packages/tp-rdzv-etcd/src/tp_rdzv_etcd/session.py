@@ -37,7 +37,7 @@ from tp_store.errors import StoreLimitError
 from tp_store.protocol import Limits
 
 from .client.gateway import Json, LeaseNotFoundError
-from .client.lease_stream import COALESCE, KeepAliveFailed, LeaseKeeper
+from .client.lease_stream import MIN_BURST_WAIT, KeepAliveFailed, LeaseKeeper
 from .layout import b64, unb64
 from .wills import Will, push_own
 
@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 #: gRPC codes of a keep-alive stream's error that mean "not now": no leader yet.
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 _RETRY_PAUSE = 0.05
-#: The shortest TTL whose keep-alives may go unawaited in a burst (see ``_may_renew_soon``).
-_MIN_TTL_RENEWED_SOON = 10 * COALESCE
+#: The shortest TTL whose keep-alives may go unawaited in a burst (see ``_burst_due``).
+_MIN_TTL_RENEWED_SOON = 10 * MIN_BURST_WAIT
+#: The longest a keep-alive may wait for its burst, as a part of the TTL.
+_BURST_WAIT_OF_TTL = 1 / 6
 
 
 class EtcdSession(StoreSession):
@@ -197,8 +199,9 @@ class EtcdSession(StoreSession):
         """Renew the lease (``LeaseKeepAlive``: not written to etcd's log).
 
         On the gRPC stream, while the last renewal is recent, the keep-alive
-        goes with the process's next burst and this returns at once; an answer
-        that the lease is gone then ends the session at its next use.
+        goes with a burst of the process's keep-alives within a sixth of the
+        TTL, and this returns at once; an answer that the lease is gone then
+        ends the session at its next use.
 
         Raises:
             SessionExpiredError: the lease is gone (expired, or closed), found
@@ -208,8 +211,9 @@ class EtcdSession(StoreSession):
         self._check_open()
         sent = time.monotonic()
         keeper = self._store._lease_keeper
-        if keeper is not None and self._may_renew_soon(sent):
-            keeper.renew_soon(self.lease, functools.partial(self._answered, sent))
+        due = self._burst_due(sent)
+        if keeper is not None and due is not None:
+            keeper.renew_soon(self.lease, functools.partial(self._answered, sent), due)
             return
         deadline = sent + min(self.timeout, self._store.timeout.total_seconds())
         while True:
@@ -230,15 +234,22 @@ class EtcdSession(StoreSession):
                 raise self._unreachable(f"no leader renewed it ({error})")
             time.sleep(_RETRY_PAUSE)  # an election is under way, or a member died
 
-    def _may_renew_soon(self, now: float) -> bool:
-        """Whether a keep-alive may go with the process's next burst, unawaited.
+    def _burst_due(self, now: float) -> float | None:
+        """By when a keep-alive asked for at ``now`` may go in a burst, unawaited; or
+        ``None``: it goes at once and the caller waits for the answer.
 
-        Only while the last renewal is recent (within half the TTL: the burst
-        leaves the lease most of it) and the TTL is long beside the burst's
-        gathering time. Otherwise the caller waits for the answer, so one
-        resumed after a long pause learns at once that its lease is gone.
+        A burst may wait up to a sixth of the TTL, and no later than half the
+        TTL after the last renewal, so the lease keeps half of it. A keep-alive
+        every third of the TTL (the default) then waits up to a sixth, and one
+        lost renewal still leaves the next keep-alive time to go; one due
+        sooner than :data:`MIN_BURST_WAIT` goes at once, as does one with a TTL
+        that short, so one resumed after a long pause learns at once that its
+        lease is gone.
         """
-        return self.timeout >= _MIN_TTL_RENEWED_SOON and now - self._renewed < self.timeout / 2
+        if self.timeout < _MIN_TTL_RENEWED_SOON:
+            return None
+        due = min(now + self.timeout * _BURST_WAIT_OF_TTL, self._renewed + self.timeout / 2)
+        return due if due - now >= MIN_BURST_WAIT else None
 
     def _answered(self, sent: float, ttl: int | None, error: object) -> None:
         """The answer to a keep-alive sent at ``sent`` that nobody waited for.

@@ -55,7 +55,7 @@ from tp_store.semantics import (
 )
 from tp_store.sessions.base import session_timeout_seconds
 
-from .client import rpc
+from .client import h2_stream, rpc
 from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .client.lease_stream import LeaseKeeper, keeper
 from .client.rpc import EtcdRpc, GrpcUnreachableError
@@ -141,15 +141,17 @@ def _unchanged_since(key: bytes, mod_revision: int) -> Json:
     return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
 
 
-def _over_grpc(setting: str, transport: str, *, with_user: bool) -> bool:
-    """Whether ``setting=transport`` (``transport`` or ``lease_transport``) means gRPC."""
+def _over_grpc(setting: str, transport: str, *, with_user: bool, needs: str) -> bool:
+    """Whether ``setting=transport`` (``transport`` or ``lease_transport``) means gRPC,
+    which takes the package ``needs`` (``grpcio``, or ``h2`` for the keep-alive stream)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"{setting} must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    if transport == "grpc" and not rpc.available():
-        raise ValueError(f"{setting} grpc needs grpcio (pip install grpcio)")
+    available = h2_stream.available() if needs == "h2" else rpc.available()
+    if transport == "grpc" and not available:
+        raise ValueError(f"{setting} grpc needs {needs} (pip install {needs})")
     if transport == "grpc" and with_user:
         raise ValueError(f"{setting} grpc cannot authenticate: etcd users need 'gateway'")
-    return transport == "grpc" or (transport == "auto" and rpc.available() and not with_user)
+    return transport == "grpc" or (transport == "auto" and available and not with_user)
 
 
 class EtcdStore(Store):
@@ -217,9 +219,9 @@ class EtcdStore(Store):
         if not attempt_timeout > 0:
             raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout!r}")
         self._grpc_leases = _over_grpc(
-            "lease_transport", lease_transport, with_user=user is not None
+            "lease_transport", lease_transport, with_user=user is not None, needs="h2"
         )
-        self._grpc = _over_grpc("transport", transport, with_user=user is not None)
+        self._grpc = _over_grpc("transport", transport, with_user=user is not None, needs="grpcio")
         # auto: a keep-alive the gRPC stream did not deliver goes through the gateway,
         # and requests too where gRPC reaches no member.
         self._lease_fallback = lease_transport == "auto"

@@ -3,10 +3,12 @@
 Through the JSON gateway every keep-alive is a request of its own, which
 the gateway turns into a gRPC stream opened and closed inside etcd: about
 0.7 ms of etcd's CPU each (``benchmarks/etcd_sessions.py``). On one
-long-lived gRPC stream a keep-alive is one small message, about half that. So
-the sessions of a process share a :class:`LeaseKeeper` per cluster: one
-HTTP/2 connection, one bidirectional stream, every lease's keep-alives on it;
-the answers name their lease and go to whoever waits for it.
+long-lived gRPC stream a keep-alive is one small message, about half that, and
+a burst of them in one write a tenth. So the sessions of a process share a
+:class:`LeaseKeeper` per cluster: one HTTP/2 connection, one bidirectional
+stream (:mod:`.h2_stream`, which writes a burst at once where grpcio writes
+its messages one by one), every lease's keep-alives on it; the answers name
+their lease and go to whoever waits for it.
 
 The two messages are tiny (``LeaseKeepAliveRequest``: field 1, the lease ID;
 ``LeaseKeepAliveResponse``: field 1 a header, 2 the ID, 3 the TTL left), so
@@ -16,12 +18,12 @@ When a stream breaks (its member died, or lost its leader: the stream asks
 for one with ``hasleader``), the keep-alives waiting on it fail with the
 stream's gRPC status code, and the next one opens a stream on the next
 member. Only plain or TLS members without etcd authentication use it; the
-gateway serves the rest (and everything when ``grpcio`` is missing).
+gateway serves the rest (and everything when ``h2`` is missing).
 """
 
 from __future__ import annotations
 
-import queue
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,17 +34,15 @@ from tp_rdzv_etcd.endpoints import Endpoint
 
 from . import messages
 from .gateway import TlsFiles
+from .h2_stream import UNAVAILABLE, GrpcStreamEnded, H2Stream
 from .per_process import PerProcess
-from .request_stream import queued_requests
-from .rpc import open_channel
 
 _METHOD = "/etcdserverpb.Lease/LeaseKeepAlive"
 #: Ask the member to end the stream when it has no leader, so the keep-alive goes elsewhere.
 _METADATA = (("hasleader", "true"),)
-#: gRPC UNAVAILABLE: what a keep-alive reports when its stream broke.
-UNAVAILABLE = 14
-#: Seconds during which keep-alives that nobody waits for gather into one burst.
-COALESCE = 0.5
+#: The shortest wait worth gathering a burst for: a keep-alive due sooner
+#: goes at once, awaited (see ``EtcdSession.keep_alive``).
+MIN_BURST_WAIT = 0.5
 
 
 def encode_request(lease: int) -> bytes:
@@ -88,25 +88,20 @@ class _Waiter:
 class _Stream:
     """One ``LeaseKeepAlive`` call on one member, and the thread reading its answers."""
 
-    def __init__(self, channel: Any, endpoint: Endpoint, on_end: Any) -> None:
+    def __init__(self, endpoint: Endpoint, tls: TlsFiles, on_end: Any) -> None:
         self.endpoint = endpoint
-        self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting: dict[int, list[_Waiter]] = {}
         self._broken: KeepAliveFailed | None = None
         self.answered = 0.0  # when the last answer came (monotonic)
-        self._channel = channel
-        call = channel.stream_stream(
-            _METHOD, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw
-        )
-        self._answers = call(queued_requests(self._requests), metadata=_METADATA)
+        self._call = H2Stream(endpoint, tls, _METHOD, _METADATA)
         self._on_end = on_end
         threading.Thread(
             target=self._read, name=f"tp-etcd-keepalive-{endpoint.port}", daemon=True
         ).start()
 
     def send(self, leases: Sequence[tuple[int, _Waiter]]) -> None:
-        """Send a keep-alive of each lease; its waiter settles with the answer."""
+        """Send a keep-alive of each lease, in one write; its waiter settles with the answer."""
         with self._lock:
             broken = self._broken
             if broken is None:
@@ -116,13 +111,12 @@ class _Stream:
             for _, waiter in leases:
                 waiter.settle(None, broken)
             return
-        for lease, _ in leases:
-            self._requests.put(encode_request(lease))
+        self._call.send([encode_request(lease) for lease, _ in leases])
 
     def _read(self) -> None:
         failure = KeepAliveFailed(f"etcd {self.endpoint}: the keep-alive stream ended", UNAVAILABLE)
         try:
-            for raw in self._answers:
+            for raw in self._call.answers():
                 lease, ttl = decode_response(raw)
                 with self._lock:
                     self.answered = time.monotonic()
@@ -131,13 +125,10 @@ class _Stream:
                     waiter.settle(ttl, None)
         except ValueError as exc:
             failure = KeepAliveFailed(f"etcd {self.endpoint}: {exc}", UNAVAILABLE)
-        except Exception as exc:  # grpc.RpcError: the stream broke
-            code = getattr(exc, "code", None)
-            status = code() if callable(code) else None
-            number = status.value[0] if status is not None else UNAVAILABLE
-            details = getattr(exc, "details", None)
-            text = details() if callable(details) else str(exc)
-            failure = KeepAliveFailed(f"etcd {self.endpoint}: keep-alive stream: {text}", number)
+        except GrpcStreamEnded as exc:
+            failure = KeepAliveFailed(
+                f"etcd {self.endpoint}: keep-alive stream: {exc.details}", exc.code
+            )
         self.close(failure)
 
     def forget(self, lease: int, waiter: _Waiter, failure: KeepAliveFailed) -> None:
@@ -156,9 +147,7 @@ class _Stream:
                 return
             self._broken = failure
             waiting, self._waiting = self._waiting, {}
-        self._requests.put(None)
-        self._answers.cancel()
-        self._channel.close()
+        self._call.close()
         for waiters in waiting.values():
             for waiter in waiters:
                 waiter.settle(None, failure)
@@ -173,9 +162,11 @@ class LeaseKeeper:
     """Keep-alives of any number of leases of one cluster, on one stream at a time.
 
     :meth:`keep_alive` waits for its answer. :meth:`renew_soon` does not: its
-    keep-alive joins those asked for in the same :data:`COALESCE` seconds,
-    sent together. etcd spends about half the CPU per keep-alive on a burst
-    that it does on keep-alives one by one (each then wakes it alone).
+    keep-alive waits, up to the time it is due, for the others of the process,
+    and goes with them in one burst when the first of them falls due. etcd's
+    CPU is mostly waking up: a keep-alive in a burst costs it about a third of
+    one sent alone, and fewer, larger bursts cost it less still (so keep-alives
+    that may wait seconds should).
     """
 
     def __init__(self, endpoints: Sequence[Endpoint], tls: TlsFiles) -> None:
@@ -185,6 +176,7 @@ class LeaseKeeper:
         self._stream: _Stream | None = None
         self._next = 0  # the member the next stream goes to
         self._soon: list[tuple[int, _Waiter]] = []  # keep-alives for the next burst
+        self._burst_due_at = math.inf  # when the first of them falls due (monotonic)
         self._burst_due = threading.Condition(self._lock)
         self._flusher: threading.Thread | None = None
 
@@ -214,8 +206,9 @@ class LeaseKeeper:
         assert waiter.ttl is not None
         return waiter.ttl
 
-    def renew_soon(self, lease: int, then: Outcome) -> None:
-        """Renew ``lease`` within :data:`COALESCE` seconds; ``then(ttl, error)`` gets the answer."""
+    def renew_soon(self, lease: int, then: Outcome, due: float) -> None:
+        """Renew ``lease`` by ``due`` (``time.monotonic()``), with the burst of the
+        keep-alive due first; ``then(ttl, error)`` gets the answer."""
         with self._lock:
             self._soon.append((lease, _Waiter(threading.Event(), then)))
             if self._flusher is None:
@@ -223,19 +216,20 @@ class LeaseKeeper:
                     target=self._flush, name="tp-etcd-keepalive-bursts", daemon=True
                 )
                 self._flusher.start()
-            self._burst_due.notify()
+            if due < self._burst_due_at:
+                self._burst_due_at = due
+                self._burst_due.notify()
 
     def _flush(self) -> None:
         while True:
             with self._lock:
-                while not self._soon:
-                    self._burst_due.wait()
-            time.sleep(COALESCE)  # gather the burst: keep-alives have seconds to spare
-            with self._lock:
+                while (wait := self._burst_due_at - time.monotonic()) > 0:
+                    self._burst_due.wait(None if math.isinf(wait) else wait)
                 burst, self._soon = self._soon, []
+                self._burst_due_at = math.inf
             try:
                 stream = self._current()
-            except Exception as exc:  # a channel that cannot even be made
+            except Exception as exc:  # a stream that cannot even start (no thread left)
                 failure = KeepAliveFailed(f"etcd: no keep-alive stream: {exc}", UNAVAILABLE)
                 for _, waiter in burst:
                     waiter.settle(None, failure)
@@ -246,7 +240,7 @@ class LeaseKeeper:
         with self._lock:
             if self._stream is None or self._stream.broken:
                 endpoint = self.endpoints[self._next % len(self.endpoints)]
-                self._stream = _Stream(open_channel(endpoint, self._tls), endpoint, self._ended)
+                self._stream = _Stream(endpoint, self._tls, self._ended)
             return self._stream
 
     def _ended(self, stream: _Stream) -> None:
