@@ -241,16 +241,21 @@ class H2Stream:
 
     def _flush_unsent(self) -> None:
         """Send what the windows allow of the queued messages (the lock is held)."""
-        while self._unsent:
-            allowed = min(
-                len(self._unsent),
-                self._conn.local_flow_control_window(self._stream_id),
-                self._conn.max_outbound_frame_size,
-            )
-            if allowed <= 0:
-                break  # the rest when the peer opens the window
-            self._conn.send_data(self._stream_id, bytes(self._unsent[:allowed]))
-            del self._unsent[:allowed]
+        try:
+            while self._unsent:
+                allowed = min(
+                    len(self._unsent),
+                    self._conn.local_flow_control_window(self._stream_id),
+                    self._conn.max_outbound_frame_size,
+                )
+                if allowed <= 0:
+                    break  # the rest when the peer opens the window
+                self._conn.send_data(self._stream_id, bytes(self._unsent[:allowed]))
+                del self._unsent[:allowed]
+        except h2.exceptions.H2Error:
+            # The server ended the stream (its reset or end is in the reader's next
+            # events): these messages cannot go; their waiters fail with the stream.
+            self._unsent.clear()
         self._write(self._conn.data_to_send())
 
     def _write(self, data: bytes) -> None:
