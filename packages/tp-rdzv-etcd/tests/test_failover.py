@@ -96,7 +96,7 @@ def test_a_request_of_an_older_raft_term_is_abandoned(answered_first: bool) -> N
             term.saw({"header": {"raft_term": "4"}})  # another call's answer, after an election
 
     threading.Thread(target=meanwhile).start()
-    assert term.await_answer(pending, since) is answered_first
+    assert term.await_answer(pending, since, probe=lambda: None) is answered_first
     assert term.current == (3 if answered_first else 4)
 
 
@@ -110,7 +110,28 @@ def test_before_any_term_is_known_a_request_waits_for_its_answer() -> None:
         pending.set_result(b"answer")
 
     threading.Thread(target=meanwhile).start()
-    assert term.await_answer(pending, 0)
+    assert term.await_answer(pending, 0, probe=lambda: None)
+
+
+def test_a_request_held_with_nothing_else_answered_learns_the_new_term_by_asking() -> None:
+    """A write held by a follower whose leader died, in a process with no other
+    call answered: the process asks a member for its term while it waits, and
+    gives the write up once the member names a newer one."""
+    term = RaftTerm()
+    term.saw({"header": {"raft_term": "3"}})
+    pending: Future[bytes] = Future()
+    pending.set_running_or_notify_cancel()  # never answered
+    asked: list[int] = []
+
+    def probe() -> None:
+        asked.append(1)
+        if len(asked) == 1:
+            raise ConnectionError("no leader yet")  # refused during the election
+        term.saw({"header": {"raft_term": "4"}})  # the follower's term once elected
+
+    assert not term.await_answer(pending, term.current, probe)
+    assert len(asked) == 2
+    assert term.current == 4
 
 
 def test_a_pause_between_passes_ends_when_a_new_leader_answers() -> None:

@@ -12,6 +12,7 @@ Only for clusters without etcd authentication (users go through the gateway).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -53,6 +54,12 @@ METHODS: dict[str, tuple[str, str, str]] = {
     ),
 }
 _WATCH = "/etcdserverpb.Watch/Watch"
+#: Seconds a write waits for its answer before the process asks a member for its term.
+PROBE_AFTER = 1.0
+#: A read that a member answers from its own state, with its raft term: the count of one key.
+_TERM_PROBE = messages.encode(
+    "RangeRequest", {"key": "AA==", "serializable": True, "count_only": True}
+)
 #: A member without a leader refuses at once ("no leader") instead of holding the request.
 _HAS_LEADER = (("hasleader", "true"),)
 #: The largest answer accepted (a range of thousands of queued messages fits).
@@ -125,6 +132,7 @@ class RaftTerm:
     def __init__(self) -> None:
         self.current = 0  # 0: none seen yet
         self._lock = threading.Lock()
+        self._probing = threading.Lock()  # held by the one call asking a member for its term
         # One event per call awaiting its answer or pausing between passes: a new
         # term wakes them; an answer wakes its own caller only (a shared condition
         # woke every waiting thread at every answer).
@@ -138,8 +146,10 @@ class RaftTerm:
             with self._lock:
                 if term <= self.current:
                     return
+                # The first term the process learns is no change of leader: the
+                # calls sent before it stay (abandoning them sent every write twice).
+                waiting = list(self._waiting) if self.current else []
                 self.current = term
-                waiting = list(self._waiting)
             for woken in waiting:
                 woken.set()
 
@@ -166,9 +176,16 @@ class RaftTerm:
 
         return pause
 
-    def await_answer(self, pending: Any, since: int) -> bool:
+    def await_answer(self, pending: Any, since: int, probe: Callable[[], None]) -> bool:
         """Wait for the call ``pending`` (a gRPC future) sent at term ``since``; whether it
-        was answered (or failed), false if a newer term came first."""
+        was answered (or failed), false if a newer term came first.
+
+        Every :data:`PROBE_AFTER` seconds it waits, ``probe`` asks a member for
+        its term (one call of the process at a time; it reports through
+        :meth:`saw`): a write held by a follower whose leader died learns of the
+        new leader as soon as the follower does, even when no other call of the
+        process is answered (all held by that follower), not 7 s later.
+        """
         woken = threading.Event()
         pending.add_done_callback(lambda _: woken.set())
         with self._lock:
@@ -176,11 +193,22 @@ class RaftTerm:
                 return bool(pending.done())
             self._waiting.add(woken)
         try:
-            woken.wait()
+            while not woken.wait(PROBE_AFTER):
+                self._probe(probe)
         finally:
             with self._lock:
                 self._waiting.discard(woken)
         return bool(pending.done())
+
+    def _probe(self, probe: Callable[[], None]) -> None:
+        if not self._probing.acquire(blocking=False):
+            return  # another call of the process is asking
+        try:
+            probe()
+        except Exception:  # a member without a leader refuses: the next probe asks again
+            pass
+        finally:
+            self._probing.release()
 
 
 _T = TypeVar("_T")
@@ -307,7 +335,8 @@ class EtcdRpc:
                 else:
                     # A future (dearer than a blocking call): abandoned at a new term.
                     pending = stub.future(payload, timeout=timeout, metadata=_HAS_LEADER)
-                    if not self._term.await_answer(pending, term):
+                    probe = functools.partial(self._probe_term, endpoint)
+                    if not self._term.await_answer(pending, term, probe):
                         pending.cancel()
                         raise MemberUnavailable(
                             f"abandoned: a new leader was elected (raft term {self._term.current})",
@@ -341,6 +370,12 @@ class EtcdRpc:
         if answer is None:
             raise self._did_not_serve(path, "no answer before the deadline")
         return dict(answer)
+
+    def _probe_term(self, endpoint: Endpoint) -> None:
+        """Ask ``endpoint`` for its raft term: a serializable read it answers alone."""
+        stub = unary(endpoint, self._tls, METHODS["/v3/kv/range"][0])
+        raw = stub(_TERM_PROBE, timeout=PROBE_AFTER, metadata=_HAS_LEADER)
+        self._term.saw(messages.decode("RangeResponse", raw))
 
     # -- watches -----------------------------------------------------------------
     @property
