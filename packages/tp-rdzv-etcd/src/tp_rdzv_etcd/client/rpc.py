@@ -13,7 +13,9 @@ Only for clusters without etcd authentication (users go through the gateway).
 from __future__ import annotations
 
 import functools
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -133,6 +135,7 @@ class RaftTerm:
         self.current = 0  # 0: none seen yet
         self._lock = threading.Lock()
         self._probing = threading.Lock()  # held by the one call asking a member for its term
+        self._probed_at = -math.inf  # when that was last asked (monotonic)
         # One event per call awaiting its answer or pausing between passes: a new
         # term wakes them; an answer wakes its own caller only (a shared condition
         # woke every waiting thread at every answer).
@@ -181,10 +184,11 @@ class RaftTerm:
         was answered (or failed), false if a newer term came first.
 
         Every :data:`PROBE_AFTER` seconds it waits, ``probe`` asks a member for
-        its term (one call of the process at a time; it reports through
-        :meth:`saw`): a write held by a follower whose leader died learns of the
-        new leader as soon as the follower does, even when no other call of the
-        process is answered (all held by that follower), not 7 s later.
+        its term (once per :data:`PROBE_AFTER` in the process, however many
+        calls wait; it reports through :meth:`saw`): a write held by a follower
+        whose leader died learns of the new leader as soon as the follower
+        does, even when no other call of the process is answered (all held by
+        that follower), not 7 s later.
         """
         woken = threading.Event()
         pending.add_done_callback(lambda _: woken.set())
@@ -204,6 +208,10 @@ class RaftTerm:
         if not self._probing.acquire(blocking=False):
             return  # another call of the process is asking
         try:
+            now = time.monotonic()
+            if now - self._probed_at < PROBE_AFTER:
+                return  # another call asked a moment ago
+            self._probed_at = now
             probe()
         except Exception:  # a member without a leader refuses: the next probe asks again
             pass
