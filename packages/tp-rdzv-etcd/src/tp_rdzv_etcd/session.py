@@ -37,7 +37,7 @@ from tp_store.errors import StoreLimitError
 from tp_store.protocol import Limits
 
 from .client.gateway import Json, LeaseNotFoundError
-from .client.lease_stream import MIN_BURST_WAIT, KeepAliveFailed, LeaseKeeper
+from .client.lease_stream import KeepAliveFailed, LeaseKeeper
 from .layout import b64, unb64
 from .wills import Will, push_own
 
@@ -49,8 +49,11 @@ log = logging.getLogger(__name__)
 #: gRPC codes of a keep-alive stream's error that mean "not now": no leader yet.
 _TRANSIENT_CODES = frozenset({14, 4, 10})
 _RETRY_PAUSE = 0.05
+#: The shortest wait worth gathering a burst for: a keep-alive due sooner goes at
+#: once, awaited.
+_MIN_BURST_WAIT = 0.5
 #: The shortest TTL whose keep-alives may go unawaited in a burst (see ``_burst_due``).
-_MIN_TTL_RENEWED_SOON = 10 * MIN_BURST_WAIT
+_MIN_TTL_RENEWED_SOON = 10 * _MIN_BURST_WAIT
 #: The longest a keep-alive may wait for its burst, as a part of the TTL.
 _BURST_WAIT_OF_TTL = 1 / 6
 
@@ -242,14 +245,14 @@ class EtcdSession(StoreSession):
         TTL after the last renewal, so the lease keeps half of it. A keep-alive
         every third of the TTL (the default) then waits up to a sixth, and one
         lost renewal still leaves the next keep-alive time to go; one due
-        sooner than :data:`MIN_BURST_WAIT` goes at once, as does one with a TTL
+        sooner than :data:`_MIN_BURST_WAIT` goes at once, as does one with a TTL
         that short, so one resumed after a long pause learns at once that its
         lease is gone.
         """
         if self.timeout < _MIN_TTL_RENEWED_SOON:
             return None
         due = min(now + self.timeout * _BURST_WAIT_OF_TTL, self._renewed + self.timeout / 2)
-        return due if due - now >= MIN_BURST_WAIT else None
+        return due if due - now >= _MIN_BURST_WAIT else None
 
     def _answered(self, sent: float, ttl: int | None, error: object) -> None:
         """The answer to a keep-alive sent at ``sent`` that nobody waited for.

@@ -40,9 +40,6 @@ from .per_process import PerProcess
 _METHOD = "/etcdserverpb.Lease/LeaseKeepAlive"
 #: Ask the member to end the stream when it has no leader, so the keep-alive goes elsewhere.
 _METADATA = (("hasleader", "true"),)
-#: The shortest wait worth gathering a burst for: a keep-alive due sooner
-#: goes at once, awaited (see ``EtcdSession.keep_alive``).
-MIN_BURST_WAIT = 0.5
 
 
 def encode_request(lease: int) -> bytes:
