@@ -58,3 +58,20 @@ def test_beats_keep_their_interval_and_none_comes_after_the_stop() -> None:
     # On its schedule: the k-th call no earlier than k intervals after the start
     # (a late call does not push the next one back).
     assert all(at >= begun + k * INTERVAL for k, at in enumerate(calls)), (begun, calls)
+
+
+def test_a_beat_due_before_all_others_is_not_held_back_by_them() -> None:
+    # The thread sleeps until the earliest beat; one started later but due
+    # sooner must wake it, whatever number of later beats came before it.
+    scheduler = HeartbeatScheduler()
+    later = [scheduler.start(lambda: None, 600.0, first=300.0) for _ in range(100)]
+    asleep, soon = threading.Event(), threading.Event()
+    # Once this beat ran, the thread sleeps until the later ones are due.
+    tickets = [*later, scheduler.start(asleep.set, 600.0, first=0)]
+    try:
+        assert asleep.wait(30)
+        tickets.append(scheduler.start(soon.set, 600.0, first=0))
+        assert soon.wait(30), "the beat due first waited for the later ones"
+    finally:
+        for ticket in tickets:
+            scheduler.stop(ticket)

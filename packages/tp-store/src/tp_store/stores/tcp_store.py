@@ -118,7 +118,8 @@ _CONNECT_BACKOFF_INITIAL = 0.01
 _CONNECT_BACKOFF_MAX = 1.0
 #: A connection idle this long (seconds) is checked before a request goes on it:
 #: the store may have closed it meanwhile, and a request sent there would fail
-#: or (a SET, which has no reply) be lost. The check is one non-blocking poll.
+#: or (a SET, which has no reply) be lost. The check (:func:`_closed`) asks the
+#: kernel and never waits.
 #: With a session attached, half its timeout if that is shorter: the store ends
 #: the session of a process stopped past its timeout, and closes its connection.
 _IDLE_CHECK_AFTER = 1.0
@@ -141,9 +142,22 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("@ll", micros // 1_000_000, micros % 1_000_000)
 
 
+#: Linux reports a TCP connection's state (``TCP_INFO``'s first byte) without the
+#: GIL released, as a poll releases it: in a busy process of many threads every
+#: release hands the GIL to another thread, and takes a wait to get it back.
+_TCP_INFO = socket.TCP_INFO if sys.platform == "linux" else None
+_TCP_ESTABLISHED = 1
+
+
 def _closed(sock: socket.socket) -> bool:
     """Whether the store closed this idle connection: with no request out it sends
     nothing, so anything to read is its close (a FIN, a reset, TLS's close_notify)."""
+    if _TCP_INFO is not None and not isinstance(sock, ssl.SSLSocket):
+        # A FIN or a reset moves the connection out of ESTABLISHED.
+        try:
+            return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] != _TCP_ESTABLISHED
+        except OSError:
+            return True
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
