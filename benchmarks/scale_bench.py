@@ -9,7 +9,9 @@ which lives on that connection, as one node per host has when deployed;
 the server ``python -m tp_store`` alone in its own process; one start signal),
 ours only, with its defaults (``max_connections`` included). Per run it
 reports the last and first returns, the server's CPU and the node processes'
-CPU per node, the server's bytes sent per node, the time split (joins,
+CPU per node (and the kernel's part of it, and their context switches per
+node: where threads of a process hand the GIL around, the switches grow with
+the CPU), the server's bytes sent per node, the time split (joins,
 decision, publish, answers), and the nodes a removal record named (every node
 is alive: any is a false death). Ranks are checked to be exactly 0..N-1.
 
@@ -181,7 +183,9 @@ def describe(run: dict[str, Any]) -> str:
         f"{run['case']}: last {run['last']:.2f} s, first {run['first']:.2f} s; "
         f"server CPU {run['server_cpu']:.2f} s ({run['server_cpu_ms_per_node']:.3f} ms/node), "
         f"node processes' CPU {run['nodes_cpu']:.1f} s ({run['nodes_cpu_ms_per_node']:.3f} "
-        f"ms/node), server sent {sent} B/node; {run['connections_per_node']} server "
+        f"ms/node; the kernel's {run['nodes_cpu_system']:.1f} s; "
+        f"{run['switches_per_node']} context switches per node), "
+        f"server sent {sent} B/node; {run['connections_per_node']} server "
         f"connections per node; {split}; removed {len(run['removed'])}; "
         f"load {run['load']}"
     )

@@ -115,6 +115,8 @@ class SpreadResult:
     detection: float | None = None  # kill case: from the kill to the last victim's removal
     detected: int = 0  # kill case: how many victims a removal record named
     connections: int | None = None  # our server's open connections once every node returned
+    nodes_cpu_system: float = 0.0  # of nodes_cpu, the kernel's
+    node_switches: int = 0  # the node processes' context switches over the round
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +130,9 @@ class SpreadResult:
             "nodes": self.nodes,
             "server_cpu_ms_per_node": round(1000 * self.server_cpu / self.nodes, 4),
             "nodes_cpu_ms_per_node": round(1000 * self.nodes_cpu / self.nodes, 4),
+            "nodes_cpu_system": round(self.nodes_cpu_system, 3),
+            # Each a thread giving up the CPU (a wait, or the GIL) or made to.
+            "switches_per_node": round(self.node_switches / self.nodes, 1),
             "bytes_sent": self.bytes_sent,
             "bytes_sent_per_node": (
                 None if self.bytes_sent is None else round(self.bytes_sent / self.nodes)
@@ -347,6 +352,8 @@ class SpreadGroup:
             returns=returns,
             server_cpu=server_cpu,
             nodes_cpu=sum(message["cpu"] for message in joined.values()),
+            nodes_cpu_system=sum(message["cpu_system"] for message in joined.values()),
+            node_switches=sum(message["switches"] for message in joined.values()),
             load=load_average(),
             ops={op: count - ops_before.get(op, 0) for op, count in ops.items() if count},
             nodes=size,
@@ -485,14 +492,14 @@ def node_main(spec: dict[str, Any]) -> int:
             send_message("requests", counts=take_counts())
         if command != "next":
             continue
-        cpu = _cpu_seconds()
+        before = resource.getrusage(resource.RUSAGE_SELF)
         for gate in rounds:
             gate.release()
         returned = [done.get() for _ in handlers]
         # A steward of this process may still be publishing (the rest of the
         # answers, the outcome) when the nodes here have theirs: its CPU is the round's.
         steward_records.published.wait(spec["timeout"])
-        cpu = _cpu_seconds() - cpu
+        usage = _usage_since(before)
         errors = [error for _, _, error in returned if error is not None]
         if errors:
             send_message("error", error=f"{len(errors)} node(s) raised; one:\n{errors[0]}")
@@ -503,7 +510,7 @@ def node_main(spec: dict[str, Any]) -> int:
             at=[at for at, _, _ in returned],
             ranks=[info.rank for info in infos],
             world_sizes=[info.world_size for info in infos],
-            cpu=cpu,
+            **usage,
             rounds=round_records,
         )
         # The participant lists are compared once every process has reported:
@@ -624,9 +631,16 @@ def _digest(info: Any) -> str | None:
     return hashlib.sha256(repr([str(p) for p in participants]).encode()).hexdigest()
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def _usage_since(before: resource.struct_rusage) -> dict[str, float]:
+    """This process's CPU seconds (all, and the kernel's) and context switches since
+    ``before``."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    system = now.ru_stime - before.ru_stime
+    return {
+        "cpu": now.ru_utime - before.ru_utime + system,
+        "cpu_system": system,
+        "switches": now.ru_nvcsw + now.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw,
+    }
 
 
 if __name__ == "__main__":
