@@ -15,10 +15,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from raw_client import wait_until
 
 from tp_store import StoreConnectionError, StoreTimeoutError, TCPStore
 from tp_store.demo import run as run_demo
 from tp_store.server.store_server import DEFAULT_BACKLOG
+from tp_store.stores.tcp_store import _closed
 
 
 @pytest.fixture
@@ -237,6 +239,21 @@ def test_client_reconnects_after_the_connection_drops(master: TCPStore) -> None:
     with pytest.raises(StoreConnectionError):
         client.get("before")
     assert client.get("before") == b"1"
+
+
+@pytest.mark.parametrize("how", ["fin", "reset"])
+def test_an_idle_connection_the_peer_closed_is_found_closed(how: str) -> None:
+    # Checked before a request on an idle connection: a SET (no reply) sent on
+    # a closed one would be lost.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+    with client:
+        assert not _closed(client)
+        if how == "reset":
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()
+        wait_until(lambda: _closed(client), f"the {how} seen")
 
 
 def test_ipv6_loopback() -> None:

@@ -153,11 +153,12 @@ def _closed(sock: socket.socket) -> bool:
     """Whether the store closed this idle connection: with no request out it sends
     nothing, so anything to read is its close (a FIN, a reset, TLS's close_notify)."""
     if _TCP_INFO is not None and not isinstance(sock, ssl.SSLSocket):
-        # A FIN or a reset moves the connection out of ESTABLISHED.
+        # A FIN or a reset moves the connection out of ESTABLISHED. A kernel that
+        # cannot tell (an emulated one) is polled instead.
         try:
             return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] != _TCP_ESTABLISHED
         except OSError:
-            return True
+            pass
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
