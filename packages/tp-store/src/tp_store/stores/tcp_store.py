@@ -150,8 +150,9 @@ _TCP_ESTABLISHED = 1
 
 
 def _closed(sock: socket.socket) -> bool:
-    """Whether the store closed this idle connection: with no request out it sends
-    nothing, so anything to read is its close (a FIN, a reset, TLS's close_notify)."""
+    """Whether the store closed this idle connection: a FIN or a reset, as the kernel's
+    TCP state shows; over TLS (and off Linux), anything to read, since with no
+    request out the store sends nothing but its close (TLS's close_notify too)."""
     if _TCP_INFO is not None and not isinstance(sock, ssl.SSLSocket):
         # A FIN or a reset moves the connection out of ESTABLISHED. A kernel that
         # cannot tell (an emulated one) is polled instead.
