@@ -331,7 +331,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # the outcome of the round this node waits for.
         if posted is not None:
             self._office.posted(posted, now)
-            # The round as the join was posted (the lease may have moved on since).
+            # The round as the join was posted, or just before (the lease may have
+            # moved on since: a round that completes without this node is followed
+            # by the next, as for a spare).
             round_ = max(posted.round, asked)
             if round_ != asked:
                 # Asked for an earlier round than the lease names: if this node is a

@@ -122,9 +122,10 @@ class RendezvousBoard:
             session.set_with_will(self.keys.presence(node.key), token, self.keys.mailbox, gone)
 
     def enter(self, session: StoreSession, node: _NodeDesc, token: str, join: Join) -> Lease | None:
-        """:meth:`be_present`, :meth:`post` ``join`` and :meth:`read_lease`, as one atomic
-        step where the store can (etcd: one transaction); ``None``, with nothing
-        done, where it cannot. The lease is what it held as the join was posted."""
+        """:meth:`be_present`, :meth:`read_lease` and :meth:`post` ``join``, in one request
+        where the store can; ``None``, with nothing done, where it cannot. The
+        lease is what it held before the join was posted: as it was posted on
+        etcd (one transaction), read just before it on a tp-store server."""
         gone = encode_message(Gone(node, token))
         with self._store_errors("announcing this node and posting its join"):
             try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
+import random
 import threading
 
 from tp_rdzv_dynamic.documents.board import RendezvousBoard
@@ -76,9 +76,9 @@ class NodePresence:
         """Be present, if the store offers sessions: whether it does, and the lease
         if ``join`` was posted too.
 
-        On its first call, where the store can, ``join`` is posted and the lease
-        read in the same atomic step as the presence is announced
-        (:meth:`RendezvousBoard.enter`): one request for the three. Otherwise
+        On its first call, where the store can, the presence is announced, the
+        lease read and ``join`` posted in one request
+        (:meth:`RendezvousBoard.enter`). Otherwise
         (present already, no sessions, or a store that cannot) nothing is
         posted, and the lease is ``None``.
 
@@ -131,7 +131,9 @@ class NodePresence:
         self._offered = session is not None
         if session is None:
             return None
-        token = secrets.token_hex(16)
+        # Unique, not secret (whoever can post to the mailbox can post a departure):
+        # no system call, which would hand the GIL to another of the process's nodes.
+        token = f"{random.getrandbits(128):032x}"
         try:
             lease = None if join is None else self._board.enter(session, self._node, token, join)
             if lease is None:

@@ -100,12 +100,13 @@ class StewardOffice:
             return self._watch(now, rejoin, self._board)
 
     def posted(self, read: Lease, now: float) -> Lease:
-        """As :meth:`watch`, for the lease ``read`` in the same atomic step that posted
-        this node's join (:meth:`RendezvousBoard.enter`)."""
+        """As :meth:`watch`, for the lease ``read`` in the request that posted this
+        node's join, before the post (:meth:`RendezvousBoard.enter`)."""
         with self._lock:
             lease = self._watch(now, None, self._board, read)
-            # The join went to the steward then in office; posted while the lease was
-            # vacant, it waits in the mailbox for whoever took office since.
+            # The join went to the steward then in office (or to a later one, which
+            # gets it again when seen: a repeat is a no-op); posted while the lease
+            # was vacant, it waits in the mailbox for whoever took office since.
             self._posted_epoch = read.epoch if read.holder else self._epoch
             return lease
 

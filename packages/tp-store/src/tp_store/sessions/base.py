@@ -98,19 +98,23 @@ class StoreSession(abc.ABC):
         push: Data,
         get: Data,
     ) -> bytes | None:
-        """:meth:`set_with_will`, ``Store.queue_push(push_onto, push)`` and a read of
-        ``get``, as one atomic step: no other client's write comes between them.
+        """:meth:`set_with_will`, a read of ``get``, then ``Store.queue_push(push_onto,
+        push)``, as one request.
 
-        Returns what ``get`` held then (``None``: it was missing). So a client
-        can announce itself, post a request, and learn the state the request
-        will be read in, in one request (etcd: one transaction).
+        Returns what ``get`` held before the push (``None``: it was missing). So
+        a client can announce itself, learn the state its request will be read
+        in (or one just before), and post the request, in one request. etcd
+        does the three as one atomic step (one transaction): no other client's
+        write comes between them. A tp-store server gets them in one send and
+        applies them in that order, each as it comes: another client's write
+        may come between the read and the push.
 
-        Optional: a session that cannot do the three atomically raises
+        Optional: a session that cannot raises
         :class:`~tp_store.errors.UnsupportedOperationError` (the default)
         without doing any of them, and its caller does them one by one.
         """
         raise UnsupportedOperationError(
-            f"{type(self).__name__} cannot set, push and get in one atomic step"
+            f"{type(self).__name__} cannot set, get and push in one request"
         )
 
     @abc.abstractmethod

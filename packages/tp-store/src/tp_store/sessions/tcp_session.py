@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, TypeVar
 from tp_store.base import Data, as_bytes
 from tp_store.errors import SessionExpiredError, StoreConnectionError, StoreTimeoutError
 from tp_store.protocol import (
+    CompareSet,
     Ping,
+    QueuePush,
     SessionClose,
     SessionCompareSet,
     SessionOpen,
@@ -36,6 +38,9 @@ _T = TypeVar("_T")
 
 #: What a PING on the session's connection carries (any nonce but the extension offer).
 _PING_NONCE = os.getpid() & 0x3FFFFF
+#: A COMPARE_SET from this to itself reads a key without waiting: it returns the
+#: value, or this when the key is missing (and writes nothing unless the key holds it).
+_MISSING = b"\xfftp-store: no such key\xff"
 
 
 class TCPSession(StoreSession):
@@ -100,6 +105,33 @@ class TCPSession(StoreSession):
             + SessionWill(self._key(queue), as_bytes(will)).encode()
         )
         self._call(lambda: self._link._send(request, self._connection))
+
+    def set_with_will_push_and_get(
+        self,
+        key: Data,
+        value: Data,
+        queue: Data,
+        will: Data,
+        *,
+        push_onto: Data,
+        push: Data,
+        get: Data,
+    ) -> bytes | None:
+        """:meth:`set_with_will`, a read of ``get`` and the push, in one send and one reply.
+
+        The server applies them in that order, each as it comes: another
+        client's write may come between the read and the push.
+        """
+        request = b"".join((
+            SessionSet(self._key(key), as_bytes(value)).encode(),
+            SessionWill(self._key(queue), as_bytes(will)).encode(),
+            CompareSet.frame(self._key(get), _MISSING, _MISSING),
+            QueuePush(self._key(push_onto), as_bytes(push)).encode(),
+        ))  # fmt: skip
+        held = self._call(
+            lambda: self._link._request(request, CompareSet.reply, 0, self._connection)
+        )
+        return None if held == _MISSING else held
 
     def keep_alive(self) -> None:
         """A PING on the session's connection; ``SessionExpiredError`` once it ended.

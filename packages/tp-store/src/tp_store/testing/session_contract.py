@@ -112,6 +112,7 @@ class StoreSessionContract:
         assert observer.get("present/a") == b"token"
         assert pushed(observer, "mailbox") == [b"a joins"]
         assert announce("missing") is None
+        assert not observer.check(["missing"])  # read, not written
         popper = Call(lambda: (observer.queue_pop("departures"), observer.check(["present/a"])))
         popper.assert_blocked()
         session.close()
