@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from report_parts import (
@@ -30,34 +31,51 @@ def _runs(run: Run) -> list[dict]:
     return [r for r in run.data.get("runs", []) if "error" not in r]
 
 
+def _medians(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """Each N's median of ``key`` over its runs, in order of N (the line through the points)."""
+    by_n: dict[int, list[float]] = {}
+    for r in runs:
+        by_n.setdefault(r["nodes"], []).append(r[key])
+    nodes = sorted(by_n)
+    return nodes, [statistics.median(by_n[n]) for n in nodes]
+
+
 def plot(run: Run, path: Path) -> str:
-    """Time and CPU per node against N, log-log, with the fitted slopes; the alt text."""
+    """Time and CPU per node against N, log-log, with the fitted slopes; the alt text.
+
+    Every run is a point; the lines join each N's median.
+    """
     plt = pyplot()
     runs = _runs(run)
     slopes = run.data.get("slopes", {})
     nodes = [r["nodes"] for r in runs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.loglog(nodes, [r["last"] for r in runs], "o-", color=OURS_COLOR, label="last return")
-    left.loglog(
-        nodes, [r["first"] for r in runs], "o--", color=OURS_COLOR, alpha=0.5, label="first"
+    series = (
+        (left, "last", "o", OURS_COLOR, 1.0, "last return"),
+        (left, "first", "o", OURS_COLOR, 0.5, "first"),
+        (
+            right,
+            "nodes_cpu_ms_per_node",
+            "o",
+            OURS_COLOR,
+            1.0,
+            f"node processes (slope {slopes.get('nodes_cpu_ms_per_node')})",
+        ),
+        (
+            right,
+            "server_cpu_ms_per_node",
+            "s",
+            TORCH_COLOR,
+            1.0,
+            f"store server (slope {slopes.get('server_cpu_ms_per_node')})",
+        ),
     )
+    for ax, key, marker, color, alpha, label in series:
+        ax.loglog(nodes, [r[key] for r in runs], marker, color=color, alpha=alpha * 0.6)
+        ax.loglog(*_medians(runs, key), f"{marker}-", color=color, alpha=alpha, label=label)
     left.set_xlabel("nodes N")
     left.set_ylabel("seconds from the start signal")
     left.set_title(f"round time (slope {slopes.get('last')})", fontsize=10)
-    right.loglog(
-        nodes,
-        [r["nodes_cpu_ms_per_node"] for r in runs],
-        "o-",
-        color=OURS_COLOR,
-        label=f"node processes (slope {slopes.get('nodes_cpu_ms_per_node')})",
-    )
-    right.loglog(
-        nodes,
-        [r["server_cpu_ms_per_node"] for r in runs],
-        "s-",
-        color=TORCH_COLOR,
-        label=f"store server (slope {slopes.get('server_cpu_ms_per_node')})",
-    )
     right.set_xlabel("nodes N")
     right.set_ylabel("CPU ms per node")
     right.set_title("CPU per node per round", fontsize=10)
@@ -67,12 +85,17 @@ def plot(run: Run, path: Path) -> str:
     fig.suptitle(machine_caption(run), fontsize=8, color="#555555")
     save(fig, path)
     plt.close(fig)
+    ns, lasts = _medians(runs, "last")
+    cpus = _medians(runs, "nodes_cpu_ms_per_node")[1]
+    servers = _medians(runs, "server_cpu_ms_per_node")[1]
     points = "; ".join(
-        f"{r['nodes']} nodes: {r['last']:.2f} s, {r['nodes_cpu_ms_per_node']:.2f} ms and "
-        f"{r['server_cpu_ms_per_node']:.3f} ms CPU per node"
-        for r in runs
+        f"{n} nodes: {last:.2f} s, {cpu:.2f} ms and {server:.3f} ms CPU per node"
+        for n, last, cpu, server in zip(ns, lasts, cpus, servers, strict=True)
     )
-    return f"Log-log plots of the round time and the CPU per node against N: {points}"
+    return (
+        "Log-log plots of the round time and the CPU per node against N "
+        f"(medians of {len(runs)} runs): {points}"
+    )
 
 
 def section(run: Run | None, alts: dict[str, str]) -> str:
