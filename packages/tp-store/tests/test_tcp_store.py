@@ -339,6 +339,20 @@ def test_demo_runs_workers_through_the_store() -> None:
     assert "OK: 3 workers" in out.getvalue()
 
 
+def test_a_connect_the_listener_never_completes_gives_up_at_the_store_timeout() -> None:
+    # A listener whose accept queue is full drops further SYNs: the kernel would
+    # retry one connect for about two minutes; the store's timeout bounds it.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):  # fills the queue
+            began = time.monotonic()
+            with pytest.raises(StoreConnectionError, match="timed out after 0:00:01"):
+                TCPStore("127.0.0.1", port, timeout=timedelta(seconds=1))
+            assert time.monotonic() - began < 30, "the connect outlived the store timeout"
+
+
 def test_listen_backlog_is_the_one_configured(master: TCPStore) -> None:
     # A short accept queue drops connections in a storm (a second of SYN retries
     # each): the backlog must survive asyncio re-listening with its default of 100.

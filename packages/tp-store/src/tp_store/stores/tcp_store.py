@@ -163,6 +163,9 @@ def _dial(host: str, port: int, timeout: float) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         sock.connect((host, port))
+    except BlockingIOError as exc:  # how Linux reports the SO_SNDTIMEO running out
+        sock.close()
+        raise TimeoutError(f"no connection within {timeout:.3g} s") from exc
     except BaseException:
         sock.close()
         raise
