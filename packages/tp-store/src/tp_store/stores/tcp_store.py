@@ -134,44 +134,6 @@ def _dial_host(host: str) -> str:
     return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
 
 
-def _numeric_family(host: str) -> socket.AddressFamily | None:
-    """The address family of a numeric ``host`` (``None``: a name, or a scoped IPv6
-    address, for ``getaddrinfo`` to resolve)."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        return family
-    return None
-
-
-def _dial(host: str, port: int, timeout: float) -> socket.socket:
-    """A TCP connection to ``host``, made within ``timeout`` seconds; a blocking socket.
-
-    On Linux a numeric address is dialled with one blocking ``connect``, which
-    ``SO_SNDTIMEO`` bounds: no ``getaddrinfo``, no poll and no switch back to
-    blocking, each of which releases the GIL (in a process of many connecting
-    threads every release hands it to another, and takes a wait to get it back).
-    """
-    family = _numeric_family(host) if sys.platform == "linux" else None
-    if family is None:
-        sock = socket.create_connection((host, port), timeout=timeout)
-        sock.settimeout(None)
-        return sock
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
-        sock.connect((host, port))
-    except BlockingIOError as exc:  # how Linux reports the SO_SNDTIMEO running out
-        sock.close()
-        raise TimeoutError(f"no connection within {timeout:.3g} s") from exc
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def _timeval(seconds: float) -> bytes:
     # Zero would mean "never time out": the shortest wait is a microsecond.
     micros = max(round(seconds * 1_000_000), 1)
@@ -485,7 +447,7 @@ class TCPStore(Store):
         while True:
             remaining = deadline - time.monotonic()
             try:
-                tcp = _dial(host, self._port, max(remaining, 0.001))
+                tcp = socket.create_connection((host, self._port), timeout=max(remaining, 0.001))
             except OSError as exc:
                 if remaining <= delay:
                     raise StoreConnectionError(
@@ -499,13 +461,12 @@ class TCPStore(Store):
                 continue
             break
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = tcp if self._ssl_context is None else self._tls_handshake(tcp, host)
         store_timeout = self._timeout_seconds
-        if self._ssl_context is not None:
-            tcp.settimeout(max(deadline - time.monotonic(), 0.001))  # bounds the handshake
-            sock: socket.socket = self._tls_handshake(tcp, host)
+        if isinstance(sock, ssl.SSLSocket):
             sock.settimeout(store_timeout)
         else:
-            sock = tcp
+            sock.settimeout(None)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(store_timeout))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(store_timeout))
         self._recv_timeout = store_timeout
