@@ -84,3 +84,25 @@ def test_many_waits_of_one_key_are_all_woken_by_one_set(server: ServerThread) ->
     for raw in waiters:
         assert raw.read_reply(ReplyKind.WAIT_GET, 1) == (WaitReply.STOP_WAITING, [b"unique"])
     assert server.server.stats()["waiters_parked"] == 0
+
+
+def test_the_handshake_in_one_packet_is_answered_and_admits(server: ServerThread) -> None:
+    # What PyTorch's client sends first: VALIDATE and a PING in one write.
+    raw = Raw(server.server.port, validate=False)
+    assert raw.request(Validate().encode() + Ping(9).encode(), ReplyKind.U32) == 9
+    assert raw.request(Add.frame(b"/n", 1), ReplyKind.I64) == 1
+    ops = server.server.stats()["ops"]
+    assert (ops["validate"], ops["ping"], ops["add"]) == (1, 1, 1)
+
+
+def test_validate_with_the_start_of_another_request_is_served_when_it_completes(
+    server: ServerThread,
+) -> None:
+    # Ten bytes, as the handshake's, but not a PING after the VALIDATE.
+    raw = Raw(server.server.port, validate=False)
+    first = Get.frame(b"/missing")
+    raw.send(Validate().encode() + first[:5])
+    raw.send(first[5:])
+    assert raw.read_reply(ReplyKind.BYTES) == b""
+    raw.ping()
+    assert server.server.stats()["ops"]["validate"] == 1

@@ -23,6 +23,7 @@ from tp_store.protocol import (
     Get,
     ListKeys,
     MultiGet,
+    Ping,
     QueuePush,
     ReplyKind,
     Set,
@@ -301,6 +302,21 @@ def test_idle_and_waiting_connections_are_never_timed_out(
     Raw(thread.server.port).send(Set(b"later", b"1").encode())
     waiting.sock.settimeout(TIMEOUT)
     assert waiting.sock.recv(1) == b"\x00"
+    assert thread.server.stats()["connections_timed_out"] == 0
+
+
+def test_a_handshake_sent_in_one_packet_then_idle_is_not_timed_out(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    # PyTorch's client sends VALIDATE and its first PING in one write, then
+    # may stay silent for as long as its job runs.
+    thread = make_server(request_timeout=0.2)
+    raw = Raw(thread.server.port, validate=False)
+    raw.send(Validate().encode() + Ping(5).encode())
+    assert raw.read_reply(ReplyKind.U32) == 5
+    # Many request timeouts pass, on an event, not a sleep (the sweeper runs every 50 ms).
+    threading.Event().wait(1.0)
+    raw.ping(6)  # still served
     assert thread.server.stats()["connections_timed_out"] == 0
 
 

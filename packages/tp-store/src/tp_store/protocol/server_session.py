@@ -91,6 +91,9 @@ _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_WAIT, _OP_WAIT_GET = map(
 )
 # VALIDATE and the extension offer as they arrive: compared without unpacking.
 _VALIDATE: Final = bytes((_OP_VALIDATE,)) + U32.pack(VALIDATE_MAGIC)
+#: The sizes :meth:`ServerSession._answer_handshake` answers: a VALIDATE or a
+#: PING alone, or both in one read.
+_HANDSHAKE_LENGTHS: Final = (5, 10)
 _EXTENSION_OFFER: Final = U32.pack(EXTENSION_OFFER)
 #: The requests the direct path answers when they name one key.
 _ONE_KEY_OPCODES: Final = frozenset((_OP_WAIT, _OP_WAIT_GET, _OP_CHECK))
@@ -286,7 +289,7 @@ class ServerSession:
             or length > limits.max_message_bytes  # the parser refuses it
             or (parser is not None and parser.buffered)
         ):
-            return self._answer_handshake(data) if length == 5 else None
+            return self._answer_handshake(data) if length in _HANDSHAKE_LENGTHS else None
         opcode, size = _unpack_head(data)
         if opcode == _OP_ADD:
             if length != 17 + size or size > limits.max_key_bytes:
@@ -342,20 +345,24 @@ class ServerSession:
         return reply
 
     def _answer_handshake(self, data: bytes) -> bytes | None:
-        """The direct path's answer to five bytes: a VALIDATE on a server without a
-        secret, or a PING; None for anything else."""
+        """The direct path's answer to five bytes, a VALIDATE on a server without a
+        secret or a PING, or to ten, both at once (what PyTorch's client sends
+        first); None for anything else."""
         parser = self._parser
         if parser is not None and parser.buffered:
             return None
         phase = self.phase
         if phase is _HANDSHAKE:
-            if self._secret is not None or data != _VALIDATE:
+            if self._secret is not None or data[:5] != _VALIDATE:
                 return None  # the parser says why, or authenticates
-            self.phase = advance(phase, Event.HELLO)
-            self.admitted = True
-            self._ops[_OP_VALIDATE] += 1
-            return b""
-        if phase is not _SERVING or data[0] != _OP_PING:
+            if len(data) == 5:
+                self._validated()
+                return b""
+            if data[5] != _OP_PING:
+                return None
+            self._validated()
+            data = data[5:]
+        elif phase is not _SERVING or len(data) != 5 or data[0] != _OP_PING:
             return None
         nonce = data[1:]
         if nonce == _EXTENSION_OFFER:
@@ -363,6 +370,12 @@ class ServerSession:
             nonce = _EXTENSIONS_ACCEPTED
         self._ops[_OP_PING] += 1
         return nonce  # the reply is the nonce, in the same layout
+
+    def _validated(self) -> None:
+        """The direct path's VALIDATE, on a server without a secret."""
+        self.phase = advance(self.phase, Event.HELLO)
+        self.admitted = True
+        self._ops[_OP_VALIDATE] += 1
 
     def _park_key(self, key: bytes, wake: Callable[[Waiter], None]) -> None:
         """Park a wait for ``key``, which does not exist."""

@@ -267,13 +267,12 @@ class _Connection(asyncio.Protocol):
             except (ValueError, OverflowError) as exc:  # a bad ADD, or a limit
                 self._fail(transport, exc, "protocol_error")
                 return
-            if reply:
-                counters.bytes_sent += len(reply)
-                transport.write(reply)
-                return
-            if reply is not None:  # a VALIDATE (admitted now), a SET, or a wait parked
-                self._partial_since = 0.0
-                if session.pending_bytes != self._counted:
+            if reply is not None:
+                self._partial_since = 0.0  # nothing is being received now
+                if reply:
+                    counters.bytes_sent += len(reply)
+                    transport.write(reply)
+                elif session.pending_bytes != self._counted:  # a wait parked
                     self._recount_session()
                 return
         session.receive(data)
