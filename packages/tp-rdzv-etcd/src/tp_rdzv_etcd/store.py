@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tp_store import QueueEmptyError, Store, StoreSession
+from tp_store import QueueEmptyError, Store, StoreError, StoreSession
 from tp_store.base import DEFAULT_TIMEOUT, Data, Timeout, as_bytes, as_keys
 from tp_store.semantics import (
     check_multi_set,
@@ -59,6 +59,7 @@ from .client import h2_stream, rpc
 from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .client.lease_stream import LeaseKeeper, keeper
 from .client.rpc import EtcdRpc, GrpcUnreachableError
+from .client.shared_reads import shared_reads
 from .client.transport import GrpcOrGateway
 from .endpoints import Endpoint, parse_endpoints
 from .layout import KeyLayout, b64, range_end, unb64
@@ -250,9 +251,10 @@ class EtcdStore(Store):
         """Connections and caches of this handle's own (a clone shares none)."""
         options = self._options
         user, password = options["user"], options["password"]
+        self._tls = TlsFiles(options["cacert"], options["cert"], options["key"])
         self._gateway = EtcdGateway(
             self._endpoints,
-            tls=TlsFiles(options["cacert"], options["cert"], options["key"]),
+            tls=self._tls,
             credentials=None if user is None or password is None else (user, password),
             attempt_timeout=options["attempt_timeout"],
         )
@@ -261,7 +263,7 @@ class EtcdStore(Store):
         if self._grpc:
             rpc = EtcdRpc(
                 self._endpoints,
-                tls=TlsFiles(options["cacert"], options["cert"], options["key"]),
+                tls=self._tls,
                 attempt_timeout=options["attempt_timeout"],
             )
             self._transport = GrpcOrGateway(rpc, self._gateway) if self._fallback else rpc
@@ -277,8 +279,7 @@ class EtcdStore(Store):
         """This process's gRPC keep-alive stream to the cluster; ``None``: the gateway."""
         if not self._grpc_leases:
             return None
-        options = self._options
-        return keeper(self._endpoints, TlsFiles(options["cacert"], options["cert"], options["key"]))
+        return keeper(self._endpoints, self._tls)
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -353,8 +354,30 @@ class EtcdStore(Store):
         body = {"compare": compare, "success": success, "failure": failure or []}
         return self._call("/v3/kv/txn", body, retry_ambiguous=retry_ambiguous)
 
+    def _read(self, etcd_key: bytes) -> Json:
+        """The range answer of ``etcd_key``; over gRPC, sent with the reads that the
+        process's other threads ask meanwhile (:mod:`.client.shared_reads`)."""
+        if self._rpc is None:
+            return self._range(etcd_key)
+        reads = shared_reads(self._endpoints, self._tls, MAX_TXN_OPS)
+        return reads.range(etcd_key, self._send_reads)
+
+    def _send_reads(self, etcd_keys: Sequence[bytes]) -> list[Json]:
+        """The range answers of ``etcd_keys``, read in one request."""
+        if len(etcd_keys) == 1:
+            return [self._range(etcd_keys[0])]
+        answer = self._txn([], [_get(key) for key in etcd_keys])
+        responses = answer.get("responses", [])
+        if len(responses) != len(etcd_keys):
+            raise StoreError(
+                f"etcd answered a transaction of {len(etcd_keys)} reads with "
+                f"{len(responses)} responses"
+            )
+        header = answer.get("header", {})
+        return [{**response.get("response_range", {}), "header": header} for response in responses]
+
     def _read_value(self, etcd_key: bytes) -> tuple[int, bytes | None]:
-        kv = _first_kv(self._range(etcd_key))
+        kv = _first_kv(self._read(etcd_key))
         if kv is None:
             return 0, None
         _, mod_revision, value = _kv(kv)
@@ -411,7 +434,7 @@ class EtcdStore(Store):
 
     def _value_as_of(self, etcd_key: bytes) -> tuple[bytes | None, int]:
         """The value of ``etcd_key`` (``None`` if missing) and the revision read at."""
-        answer = self._range(etcd_key)
+        answer = self._read(etcd_key)
         kv = _first_kv(answer)
         return (None if kv is None else _kv(kv)[2]), _revision(answer)
 
@@ -535,7 +558,7 @@ class EtcdStore(Store):
         while True:
             if raw_expected == raw_desired and not lease:
                 # Nothing to change unless the key must be created: a read.
-                answer = self._range(etcd_key)
+                answer = self._read(etcd_key)
             else:
                 answer = self._txn(
                     [
