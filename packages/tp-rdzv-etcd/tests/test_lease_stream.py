@@ -146,7 +146,7 @@ def test_a_recent_sessions_keep_alive_goes_in_a_burst_and_renews_it(etcd1: Local
     session = store.open_session(30)
     assert isinstance(session, EtcdSession)
     granted = session._renewed
-    session.keep_alive()  # returns before its answer: renewed within a sixth of the TTL
+    session.keep_alive()  # returns before its answer: renewed within a third of the TTL
     _await(lambda: session._renewed > granted, "renewal")
     assert not session.ended
     session.close()

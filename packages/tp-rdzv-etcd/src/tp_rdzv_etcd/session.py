@@ -55,7 +55,7 @@ _MIN_BURST_WAIT = 0.5
 #: The shortest TTL whose keep-alives may go unawaited in a burst (see ``_burst_due``).
 _MIN_TTL_RENEWED_SOON = 10 * _MIN_BURST_WAIT
 #: The longest a keep-alive may wait for its burst, as a part of the TTL.
-_BURST_WAIT_OF_TTL = 1 / 6
+_BURST_WAIT_OF_TTL = 1 / 3
 
 
 class EtcdSession(StoreSession):
@@ -202,7 +202,7 @@ class EtcdSession(StoreSession):
         """Renew the lease (``LeaseKeepAlive``: not written to etcd's log).
 
         On the gRPC stream, while the last renewal is recent, the keep-alive
-        goes with a burst of the process's keep-alives within a sixth of the
+        goes with a burst of the process's keep-alives within a third of the
         TTL, and this returns at once; an answer that the lease is gone then
         ends the session at its next use.
 
@@ -241,13 +241,16 @@ class EtcdSession(StoreSession):
         """By when a keep-alive asked for at ``now`` may go in a burst, unawaited; or
         ``None``: it goes at once and the caller waits for the answer.
 
-        A burst may wait up to a sixth of the TTL, and no later than half the
-        TTL after the last renewal, so the lease keeps half of it. A keep-alive
-        every third of the TTL (the default) then waits up to a sixth, and one
-        lost renewal still leaves the next keep-alive time to go; one due
-        sooner than :data:`_MIN_BURST_WAIT` goes at once, as does one with a TTL
-        that short, so one resumed after a long pause learns at once that its
-        lease is gone.
+        A burst may wait up to a third of the TTL, and no later than half the
+        TTL after the last renewal, so the lease keeps half of it. With a
+        keep-alive every third of the TTL (the default), a process's
+        keep-alives then gather into one burst per interval, whatever the
+        phases of their nodes' ticks (a sixth made two, of half the size, and
+        etcd's CPU is mostly waking up for them); one lost renewal still leaves
+        the next keep-alive time to go. One due sooner than
+        :data:`_MIN_BURST_WAIT` goes at once, as does one with a TTL that
+        short, so one resumed after a long pause learns at once that its lease
+        is gone.
         """
         if self.timeout < _MIN_TTL_RENEWED_SOON:
             return None
