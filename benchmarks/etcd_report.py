@@ -190,10 +190,12 @@ def section(alt: str) -> str:
     )
     out.append(
         "The threads of a process that wait for the same round share one read and one watch of "
-        "its outcome (`tp_rdzv_etcd.client.shared_waits`), so with a hundred nodes or more per "
-        "process the wait costs each node almost nothing. A node alone in its process, as one "
-        "agent per host runs, waits with a read of the outcome, a watch (its create and its "
-        "cancel) and a read of its answer: the N / N row counts those, the others do not.\n"
+        "its outcome (`tp_rdzv_etcd.client.shared_waits`), and the reads of their answers that "
+        "come at once go in one transaction (`tp_rdzv_etcd.client.shared_reads`), so with a "
+        "hundred nodes or more per process the wait costs each node almost nothing. A node "
+        "alone in its process, as one agent per host runs, waits with a read of the outcome, a "
+        "watch (its create and its cancel) and a read of its answer: the N / N row counts "
+        "those, the others do not.\n"
     )
     out.append(f"One member (etcd {one.get('versions', {}).get('etcd', '?')}, {one['date']}):\n")
     out.append(markdown_table(header, _rows(one), ALIGN) + "\n")
