@@ -40,41 +40,42 @@ class _Sender:
         return [{"kvs": [{"value": key.decode()}]} for key in keys]
 
 
-def _read_all(
-    reads: SharedReads, keys: list[bytes], send: Callable[[Sequence[bytes]], list[Json]]
-) -> tuple[dict[bytes, Json], dict[bytes, BaseException], list[threading.Thread]]:
+def _read_behind_the_first(
+    reads: SharedReads,
+    sender: _Sender,
+    keys: list[bytes],
+    send: Callable[[Sequence[bytes]], list[Json]] | None = None,
+) -> tuple[dict[bytes, Json], dict[bytes, BaseException]]:
+    """Each key read by a thread of its own: the first is sent alone and held
+    until every other read has queued behind it. What each got, or raised."""
     got: dict[bytes, Json] = {}
     failed: dict[bytes, BaseException] = {}
 
     def read(key: bytes) -> None:
         try:
-            got[key] = reads.range(key, send)
+            got[key] = reads.range(key, send or sender)
         except Exception as exc:
             failed[key] = exc
 
     threads = [threading.Thread(target=read, args=(key,)) for key in keys]
-    return got, failed, threads
-
-
-def _queued(reads: SharedReads, count: int) -> None:
+    threads[0].start()
+    assert sender.first_sent.wait(_BOUND)
+    for thread in threads[1:]:
+        thread.start()
     deadline = time.monotonic() + _BOUND
-    while len(reads._queued) < count:
-        assert time.monotonic() < deadline, f"{count} reads never queued"
+    while len(reads._queued) < len(keys) - 1:
+        assert time.monotonic() < deadline, "the reads never all queued"
         time.sleep(0.001)
+    sender.release.set()
+    for thread in threads:
+        thread.join(_BOUND)
+    return got, failed
 
 
 def test_reads_that_come_while_one_is_on_its_way_go_together_after_it() -> None:
     reads, sender = SharedReads(most=4), _Sender()
     keys = [f"k{index}".encode() for index in range(10)]
-    got, failed, threads = _read_all(reads, keys, sender)
-    threads[0].start()
-    assert sender.first_sent.wait(_BOUND)
-    for thread in threads[1:]:
-        thread.start()
-    _queued(reads, 9)
-    sender.release.set()
-    for thread in threads:
-        thread.join(_BOUND)
+    got, failed = _read_behind_the_first(reads, sender, keys)
     assert not failed
     assert {key: answer["kvs"][0]["value"] for key, answer in got.items()} == {
         key: key.decode() for key in keys
@@ -101,15 +102,7 @@ def test_a_read_alone_goes_at_once_each_time() -> None:
 def test_when_a_batch_fails_its_sender_sees_the_error_and_the_others_read_alone() -> None:
     reads, sender = SharedReads(most=128), _Sender(fail_batches=True)
     keys = [f"k{index}".encode() for index in range(6)]
-    got, failed, threads = _read_all(reads, keys, sender)
-    threads[0].start()
-    assert sender.first_sent.wait(_BOUND)
-    for thread in threads[1:]:
-        thread.start()
-    _queued(reads, 5)
-    sender.release.set()
-    for thread in threads:
-        thread.join(_BOUND)
+    got, failed = _read_behind_the_first(reads, sender, keys)
     # k0 alone, then k1 sends the batch of the five queued: it fails, and k1
     # sees why; k2..k5 each read alone.
     assert sender.batches[:2] == [[b"k0"], keys[1:]]
@@ -127,15 +120,7 @@ def test_an_answer_missing_from_the_batch_is_an_error_not_a_wrong_value() -> Non
         answers = sender(keys)
         return answers[:-1] if len(keys) > 1 else answers
 
-    got, failed, threads = _read_all(reads, [b"a", b"b", b"c"], short)
-    threads[0].start()
-    assert sender.first_sent.wait(_BOUND)
-    threads[1].start()
-    threads[2].start()
-    _queued(reads, 2)
-    sender.release.set()
-    for thread in threads:
-        thread.join(_BOUND)
+    got, failed = _read_behind_the_first(reads, sender, [b"a", b"b", b"c"], short)
     assert isinstance(failed.get(b"b"), ValueError)  # the sender of the short batch
     assert got[b"a"]["kvs"][0]["value"] == "a"
     assert got[b"c"]["kvs"][0]["value"] == "c"  # then read alone
