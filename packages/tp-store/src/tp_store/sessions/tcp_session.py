@@ -100,11 +100,15 @@ class TCPSession(StoreSession):
 
     def set_with_will(self, key: Data, value: Data, queue: Data, will: Data) -> None:
         """:meth:`set` and :meth:`add_will`, in one send."""
-        request = (
+        request = self._set_with_will_frames(key, value, queue, will)
+        self._call(lambda: self._link._send(request, self._connection))
+
+    def _set_with_will_frames(self, key: Data, value: Data, queue: Data, will: Data) -> bytes:
+        """The SESSION_SET of ``key`` and the SESSION_WILL onto ``queue``, as sent."""
+        return (
             SessionSet(self._key(key), as_bytes(value)).encode()
             + SessionWill(self._key(queue), as_bytes(will)).encode()
         )
-        self._call(lambda: self._link._send(request, self._connection))
 
     def set_with_will_push_and_get(
         self,
@@ -123,8 +127,7 @@ class TCPSession(StoreSession):
         client's write may come between the read and the push.
         """
         request = b"".join((
-            SessionSet(self._key(key), as_bytes(value)).encode(),
-            SessionWill(self._key(queue), as_bytes(will)).encode(),
+            self._set_with_will_frames(key, value, queue, will),
             CompareSet.frame(self._key(get), _MISSING, _MISSING),
             QueuePush(self._key(push_onto), as_bytes(push)).encode(),
         ))  # fmt: skip
