@@ -554,14 +554,21 @@ def _watch(handler: Any, index: int, changed: list[int]) -> None:
 def _open_store(spec: dict[str, Any], timeout: timedelta) -> Any:
     """A node's store client: an ``EtcdStore``, or ``impl``'s TCPStore."""
     if spec["store"] == "etcd":
-        from tp_rdzv_etcd import EtcdStore
+        from tp_rdzv_api import RendezvousParameters
+        from tp_rdzv_etcd.factory import create_store
 
-        return EtcdStore(
+        # As backend ``etcd`` of the registry (torchrun's way) makes it for the run.
+        params = RendezvousParameters(
+            "etcd",
             spec["endpoint"],
-            f"/rdzv-bench/{spec['run_id']}/",
-            timeout,
+            spec["run_id"],
+            spec["min_nodes"],
+            spec["max_nodes"],
+            etcd_prefix="/rdzv-bench",
+            read_timeout=timeout.total_seconds(),
             transport=spec.get("transport", "auto"),
         )
+        return create_store(params)
     host, port = spec["endpoint"].rsplit(":", 1)
     if spec["impl"] == "ours":
         from tp_store import TCPStore

@@ -13,11 +13,14 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tp_rdzv_etcd.client.rpc import EtcdRpc
 from tp_rdzv_etcd.local import LocalEtcd, etcd_version, find_etcd
 
 # Tests are imported with --import-mode=importlib, which leaves sys.path alone;
@@ -114,3 +117,32 @@ def make_cluster(etcd_binary: str) -> Iterator[Callable[[int], LocalEtcd]]:
             return stack.enter_context(_cluster(etcd_binary, size, fast_elections=True))
 
         yield make
+
+
+@pytest.fixture
+def count_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[[], tuple[list[str], threading.Event]]:
+    """Starts counting, when called, what every ``EtcdRpc`` of this process asks from
+    then on (the gateway path of each call, and ``watch`` per watch started); it
+    returns that list and an event set at the first watch. The calls still go to etcd."""
+
+    def start() -> tuple[list[str], threading.Event]:
+        asked: list[str] = []
+        watched = threading.Event()
+        call, start_watch = EtcdRpc.call, EtcdRpc.start_watch
+
+        def counted_call(self: EtcdRpc, path: str, *args: Any, **kwargs: Any) -> Any:
+            asked.append(path)
+            return call(self, path, *args, **kwargs)
+
+        def counted_watch(self: EtcdRpc, *args: Any, **kwargs: Any) -> Any:
+            asked.append("watch")
+            watched.set()
+            return start_watch(self, *args, **kwargs)
+
+        monkeypatch.setattr(EtcdRpc, "call", counted_call)
+        monkeypatch.setattr(EtcdRpc, "start_watch", counted_watch)
+        return asked, watched
+
+    return start

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from tp_rdzv_etcd import EtcdStore
-from tp_rdzv_etcd.client.rpc import EtcdRpc
 from tp_rdzv_etcd.client.shared_waits import MAX_PARKED
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import StoreTimeoutError
@@ -55,34 +54,13 @@ def test_many_waits_share_one_stream(etcd1: LocalEtcd) -> None:
             handle.close()
 
 
-def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threading.Event]:
-    """What every EtcdRpc of this process asks from now on (ranges, and watches
-    started), and an event set at the first watch."""
-    asked: list[str] = []
-    watched = threading.Event()
-    call, start_watch = EtcdRpc.call, EtcdRpc.start_watch
-
-    def counted_call(self: EtcdRpc, path: str, *args: Any, **kwargs: Any) -> Any:
-        asked.append(path)
-        return call(self, path, *args, **kwargs)
-
-    def counted_watch(self: EtcdRpc, *args: Any, **kwargs: Any) -> Any:
-        asked.append("watch")
-        watched.set()
-        return start_watch(self, *args, **kwargs)
-
-    monkeypatch.setattr(EtcdRpc, "call", counted_call)
-    monkeypatch.setattr(EtcdRpc, "start_watch", counted_watch)
-    return asked, watched
-
-
 def test_the_waits_of_a_process_for_one_key_share_one_read_and_one_watch(
-    etcd1: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+    etcd1: LocalEtcd, count_requests: Any
 ) -> None:
     prefix = f"/watches/{uuid.uuid4().hex}/"
     with EtcdStore(etcd1.endpoints, prefix, timeout=30, transport="grpc") as writer:
         handles = [writer.clone() for _ in range(50)]
-        asked, watched = _counted(monkeypatch)
+        asked, watched = count_requests()
         got: list[bytes] = []
         waiters = [
             threading.Thread(target=lambda h=h: got.append(h.wait_get("outcome", 30)))
@@ -108,7 +86,7 @@ def test_the_waits_of_a_process_for_one_key_share_one_read_and_one_watch(
 
 
 def test_a_waiter_giving_up_leaves_the_shared_watch_to_the_others(
-    etcd1: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+    etcd1: LocalEtcd, count_requests: Any
 ) -> None:
     prefix = f"/watches/{uuid.uuid4().hex}/"
     with (
@@ -116,7 +94,7 @@ def test_a_waiter_giving_up_leaves_the_shared_watch_to_the_others(
         writer.clone() as impatient,
         writer.clone() as patient,
     ):
-        asked, watched = _counted(monkeypatch)
+        asked, watched = count_requests()
         timeouts: list[StoreTimeoutError] = []
 
         def give_up_soon() -> None:
@@ -175,7 +153,7 @@ def test_a_kept_watch_whose_stream_ended_reads_again(make_cluster: Any) -> None:
 
 
 def test_the_oldest_kept_watch_goes_when_too_many_are_kept(
-    etcd1: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+    etcd1: LocalEtcd, count_requests: Any
 ) -> None:
     prefix = f"/watches/{uuid.uuid4().hex}/"
     kept = [f"k{index}" for index in range(MAX_PARKED + 1)]
@@ -188,7 +166,7 @@ def test_the_oldest_kept_watch_goes_when_too_many_are_kept(
                 waiter.wait_get(key, 0.05)  # each wait's watch kept when it gives up
         writer.set(kept[0], "oldest")
         writer.set(kept[-1], "newest")
-        asked, _ = _counted(monkeypatch)
+        asked, _ = count_requests()
         assert waiter.wait_get(kept[-1], 30) == b"newest"
         assert asked == []  # its kept watch had it
         assert waiter.wait_get(kept[0], 30) == b"oldest"

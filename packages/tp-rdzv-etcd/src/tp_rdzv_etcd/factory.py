@@ -35,6 +35,7 @@ import os
 from tp_rdzv_api import RendezvousParameters
 from tp_rdzv_api.coercion import to_seconds
 from tp_rdzv_dynamic import DynamicRendezvousHandler
+from tp_rdzv_dynamic.documents.layout import RunLayout
 from tp_rdzv_dynamic.factory import SETTINGS_KEYS, build_handler
 
 from .endpoints import PROTOCOLS, parse_endpoints
@@ -108,7 +109,7 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
     if read_timeout <= 0:
         raise ValueError(f"rendezvous config option 'read_timeout' must be > 0, got {raw_timeout}")
     transport, lease_transport = (_transport(params, name) for name in TRANSPORT_KEYS)
-    return EtcdStore(
+    store = EtcdStore(
         [endpoint.url for endpoint in endpoints],
         f"{prefix}/{params.run_id}/",
         read_timeout,
@@ -121,6 +122,9 @@ def create_store(params: RendezvousParameters) -> EtcdStore:
         lease_transport=lease_transport,
         transport=transport,
     )
+    # Every node waits for each round's outcome: one watch per process serves them all.
+    store.mirror_prefix(RunLayout(params.run_id).outcomes)
+    return store
 
 
 def _transport(params: RendezvousParameters, key: str) -> str:

@@ -68,6 +68,10 @@ class KeyLayout:
         """The range owned by ``key``: its value and its queue."""
         return self.prefix + escape(key) + b"/"
 
+    def family(self, key_prefix: bytes) -> bytes:
+        """The start of the etcd range of every store key that starts with ``key_prefix``."""
+        return self.prefix + escape(key_prefix)
+
     def value(self, key: bytes) -> bytes:
         """The etcd key holding the value of ``key``."""
         return self.home(key) + _VALUE

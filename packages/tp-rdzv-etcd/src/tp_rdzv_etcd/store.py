@@ -58,6 +58,7 @@ from tp_store.sessions.base import session_timeout_seconds
 from .client import h2_stream, rpc
 from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .client.lease_stream import LeaseKeeper, keeper
+from .client.mirrors import NOT_SERVING, Mirror, mirror
 from .client.rpc import EtcdRpc, GrpcUnreachableError
 from .client.shared_reads import shared_reads
 from .client.transport import GrpcOrGateway
@@ -237,6 +238,7 @@ class EtcdStore(Store):
             "attempt_timeout": attempt_timeout,
         }
         self._layout = KeyLayout(raw_prefix)
+        self._mirrored: tuple[bytes, ...] = ()  # key prefixes, see mirror_prefix
         self._connect()
         plain = [endpoint.url for endpoint in self._endpoints if endpoint.scheme == "http"]
         if user is not None and plain:
@@ -311,6 +313,61 @@ class EtcdStore(Store):
     def __repr__(self) -> str:
         return f"EtcdStore({','.join(self.endpoints)!r}, prefix={self.prefix!r})"
 
+    def mirror_prefix(self, key_prefix: Data) -> None:
+        """Answer this handle's waits for keys starting with ``key_prefix`` from this
+        process's copy of them (:mod:`.client.mirrors`), over gRPC.
+
+        The copy is read once, in the handle's next transaction or its first
+        wait for such a key, and a watch keeps it for as long as the process
+        lives: waits for those keys then cost no request. For a small family of
+        keys each written once (a run's round outcomes), at most
+        :data:`.client.mirrors.MAX_KEYS` of them; a larger one is waited for
+        key by key. Clones made afterwards mirror it too.
+        """
+        raw = as_bytes(key_prefix, "key_prefix")
+        if not raw:
+            raise ValueError("a mirrored key prefix must not be empty")
+        if raw not in self._mirrored:
+            self._mirrored = (*self._mirrored, raw)
+
+    def _mirror_of(self, raw_key: bytes) -> Mirror | None:
+        """This process's mirror that holds ``raw_key``; ``None`` if none does (or
+        requests go through the gateway)."""
+        if self._rpc is None:
+            return None
+        for family in self._mirrored:
+            if raw_key.startswith(family):
+                return self._mirror(family)
+        return None
+
+    def _mirror_to_start(self) -> Mirror | None:
+        """A mirror of this handle that the caller is to start (claimed), if one is idle."""
+        if not self._mirrored or self._rpc is None:
+            return None
+        for family in self._mirrored:
+            found = self._mirror(family)
+            if found.claim_start():
+                return found
+        return None
+
+    def _mirror(self, family: bytes) -> Mirror:
+        """This process's mirror of the keys starting with ``family``."""
+        start = self._layout.family(family)
+        return mirror(self._endpoints, self._tls, start, range_end(start))
+
+    def _start_mirror(self, found: Mirror, answer: Json, deadline: float) -> None:
+        """Start the claimed mirror ``found`` from ``answer``, its range read."""
+        rpc = self._rpc
+        if rpc is None:
+            found.abandon()
+            return
+        found.start(
+            answer,
+            lambda revision: rpc.start_watch(
+                _watch_request(found.prefix, found.end, revision, deletes=True), deadline
+            ),
+        )
+
     def open_session(self, timeout: Timeout) -> StoreSession:
         """A store session on an etcd lease (see :class:`.session.EtcdSession`).
 
@@ -351,8 +408,32 @@ class EtcdStore(Store):
         *,
         retry_ambiguous: bool = True,
     ) -> Json:
-        body = {"compare": compare, "success": success, "failure": failure or []}
-        return self._call("/v3/kv/txn", body, retry_ambiguous=retry_ambiguous)
+        failure = failure or []
+        # The read that starts an idle mirror rides along, in either branch.
+        starting = None
+        if len(success) < MAX_TXN_OPS and len(failure) < MAX_TXN_OPS:
+            starting = self._mirror_to_start()
+        if starting is not None:
+            read = {"request_range": starting.range_request()}
+            success, failure = [*success, read], [*failure, read]
+        body = {"compare": compare, "success": success, "failure": failure}
+        try:
+            answer = self._call("/v3/kv/txn", body, retry_ambiguous=retry_ambiguous)
+        except BaseException:
+            if starting is not None:
+                starting.abandon()
+            raise
+        if starting is None:
+            return answer
+        responses = list(answer.get("responses", []))
+        family = responses.pop().get("response_range", {}) if responses else {}
+        try:
+            self._start_mirror(
+                starting, {**family, "header": answer.get("header", {})}, self._deadline()
+            )
+        except Exception:  # the transaction went through: the next wait starts the mirror
+            log.debug("could not start the mirror of %r", starting.prefix, exc_info=True)
+        return {**answer, "responses": responses}
 
     def _read(self, etcd_key: bytes) -> Json:
         """The range answer of ``etcd_key``; over gRPC, sent with the reads that the
@@ -403,6 +484,11 @@ class EtcdStore(Store):
         seconds = self._deadline_seconds(timeout)
         deadline = time.monotonic() + seconds
         etcd_key = self._layout.value(raw_key)
+        found = self._mirrored_value(raw_key, etcd_key, deadline)
+        if found is None:
+            raise timeout_error([raw_key], seconds)
+        if isinstance(found, bytes):
+            return found
         rpc = self._rpc
         if rpc is not None:
             try:
@@ -431,6 +517,26 @@ class EtcdStore(Store):
                 kv = event.get("kv")
                 if kv is not None and unb64(kv["key"]) == etcd_key:
                     return _kv(kv)[2]
+
+    def _mirrored_value(
+        self, raw_key: bytes, etcd_key: bytes, deadline: float
+    ) -> bytes | object | None:
+        """The value of a mirrored key once it exists (``None`` past ``deadline``);
+        :data:`NOT_SERVING` if no mirror serves it: then it is waited for the usual way."""
+        found = self._mirror_of(raw_key)
+        if found is None:
+            return NOT_SERVING
+        if found.claim_start():
+            try:
+                answer = self._call("/v3/kv/range", found.range_request())
+                self._start_mirror(found, answer, deadline)
+            except GrpcUnreachableError:
+                found.abandon()
+                return NOT_SERVING
+            except BaseException:
+                found.abandon()
+                raise
+        return found.value(etcd_key, deadline)
 
     def _value_as_of(self, etcd_key: bytes) -> tuple[bytes | None, int]:
         """The value of ``etcd_key`` (``None`` if missing) and the revision read at."""

@@ -53,10 +53,12 @@ class RunLayout:
         self.pending = self.prefix + "pending"
         #: The steward's report of heartbeat ages.
         self.liveness = self.prefix + "liveness"
+        #: What every round's outcome key starts with: one small key per round, written once.
+        self.outcomes = self.prefix + "result/"
 
     def outcome(self, round_: int) -> str:
         """Where the outcome of ``round_`` is published (small: what every node waits for)."""
-        return f"{self.prefix}result/{round_}"
+        return f"{self.outcomes}{round_}"
 
     def answer(self, round_: int, node_key: str) -> str:
         """The answer of ``round_`` to the node whose key is ``node_key``: its seat.
