@@ -1,4 +1,4 @@
-"""A process's copy of a family of keys, kept by one watch (``tp_rdzv_etcd.client.mirrors``):
+"""A process's copy of a family of keys, kept by one watch (``tp_rdzv_etcd.client.shared.mirrors``):
 waits for its keys answered from memory, on a real etcd."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from tp_rdzv_api import RendezvousParameters
 from tp_rdzv_dynamic.documents.layout import RunLayout
 from tp_rdzv_etcd import EtcdStore
-from tp_rdzv_etcd.client import mirrors
+from tp_rdzv_etcd.client.shared import mirrors
 from tp_rdzv_etcd.factory import create_store
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import StoreTimeoutError
@@ -164,6 +164,8 @@ def test_the_backends_store_mirrors_the_runs_outcomes(
 
 
 def test_an_empty_prefix_is_refused(etcd1: LocalEtcd) -> None:
-    with EtcdStore(etcd1.endpoints, "/mirrors/", timeout=_BOUND) as store:
-        with pytest.raises(ValueError, match="must not be empty"):
-            store.mirror_prefix("")
+    with (
+        EtcdStore(etcd1.endpoints, "/mirrors/", timeout=_BOUND) as store,
+        pytest.raises(ValueError, match="must not be empty"),
+    ):
+        store.mirror_prefix("")

@@ -1,4 +1,4 @@
-"""Single-key reads of a process's threads sent together (``tp_rdzv_etcd.client.shared_reads``):
+"""Single-key reads of a process's threads sent together (``tp_rdzv_etcd.client.shared.reads``):
 what each caller gets, the batches they form, and a failed batch; then on a real etcd."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from tp_rdzv_etcd import EtcdStore
 from tp_rdzv_etcd.client.gateway import Json
 from tp_rdzv_etcd.client.rpc import EtcdRpc
-from tp_rdzv_etcd.client.shared_reads import SharedReads
+from tp_rdzv_etcd.client.shared.reads import SharedReads
 from tp_rdzv_etcd.local import LocalEtcd
 
 _BOUND = 30.0

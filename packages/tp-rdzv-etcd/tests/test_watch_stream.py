@@ -1,7 +1,7 @@
 """Watches over gRPC: one shared Watch stream per process and member
 (``tp_rdzv_etcd.client.watch_stream``); the threads of a process waiting for one key
 share one read and one watch, kept for the next wait when all gave up
-(``tp_rdzv_etcd.client.shared_waits``)."""
+(``tp_rdzv_etcd.client.shared.waits``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tp_rdzv_etcd import EtcdStore
-from tp_rdzv_etcd.client.shared_waits import MAX_PARKED
+from tp_rdzv_etcd.client.shared.waits import MAX_PARKED
 from tp_rdzv_etcd.local import LocalEtcd
 from tp_store import StoreTimeoutError
 

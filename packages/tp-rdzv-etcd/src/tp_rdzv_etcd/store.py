@@ -58,9 +58,9 @@ from tp_store.sessions.base import session_timeout_seconds
 from .client import h2_stream, rpc
 from .client.gateway import AmbiguousResultError, EtcdGateway, Json, TlsFiles
 from .client.lease_stream import LeaseKeeper, keeper
-from .client.mirrors import NOT_SERVING, Mirror, mirror
 from .client.rpc import EtcdRpc, GrpcUnreachableError
-from .client.shared_reads import shared_reads
+from .client.shared.mirrors import NOT_SERVING, Mirror, mirror
+from .client.shared.reads import shared_reads
 from .client.transport import GrpcOrGateway
 from .endpoints import Endpoint, parse_endpoints
 from .layout import KeyLayout, b64, range_end, unb64
@@ -315,13 +315,13 @@ class EtcdStore(Store):
 
     def mirror_prefix(self, key_prefix: Data) -> None:
         """Answer this handle's waits for keys starting with ``key_prefix`` from this
-        process's copy of them (:mod:`.client.mirrors`), over gRPC.
+        process's copy of them (:mod:`.client.shared.mirrors`), over gRPC.
 
         The copy is read once, in the handle's next transaction or its first
         wait for such a key, and a watch keeps it for as long as the process
         lives: waits for those keys then cost no request. For a small family of
         keys each written once (a run's round outcomes), at most
-        :data:`.client.mirrors.MAX_KEYS` of them; a larger one is waited for
+        :data:`.client.shared.mirrors.MAX_KEYS` of them; a larger one is waited for
         key by key. Clones made afterwards mirror it too.
         """
         raw = as_bytes(key_prefix, "key_prefix")
@@ -437,7 +437,7 @@ class EtcdStore(Store):
 
     def _read(self, etcd_key: bytes) -> Json:
         """The range answer of ``etcd_key``; over gRPC, sent with the reads that the
-        process's other threads ask meanwhile (:mod:`.client.shared_reads`)."""
+        process's other threads ask meanwhile (:mod:`.client.shared.reads`)."""
         if self._rpc is None:
             return self._range(etcd_key)
         reads = shared_reads(self._endpoints, self._tls, MAX_TXN_OPS)
@@ -478,7 +478,7 @@ class EtcdStore(Store):
         """The value of ``key``, waiting up to ``timeout`` (default: the store's) for it.
 
         Over gRPC the threads of a process waiting for the same key share one
-        read and one watch (:mod:`.client.shared_waits`).
+        read and one watch (:mod:`.client.shared.waits`).
         """
         raw_key = as_bytes(key, "key")
         seconds = self._deadline_seconds(timeout)

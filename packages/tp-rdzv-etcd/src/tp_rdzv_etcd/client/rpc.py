@@ -26,7 +26,7 @@ from . import messages
 from .failover import Members, MemberUnavailable, NoMemberServed
 from .gateway import AmbiguousResultError, Json, LeaseNotFoundError, TlsFiles
 from .per_process import PerProcess
-from .shared_waits import SharedWaits, shared_waits
+from .shared.waits import SharedWaits, shared_waits
 from .watch_stream import StreamBroken, Watch, shared_stream
 
 try:
@@ -388,7 +388,7 @@ class EtcdRpc:
     # -- watches -----------------------------------------------------------------
     @property
     def waits(self) -> SharedWaits:
-        """This process's waits for keys of this cluster (:mod:`.shared_waits`)."""
+        """This process's waits for keys of this cluster (:mod:`.shared.waits`)."""
         return shared_waits(self.endpoints, self._tls)
 
     def start_watch(self, create_request: Json, deadline: float) -> Watch | None:

@@ -29,11 +29,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from tp_rdzv_etcd.client.gateway import Json, TlsFiles
+from tp_rdzv_etcd.client.per_process import PerProcess
+from tp_rdzv_etcd.client.watch_stream import StreamBroken, Watch
 from tp_rdzv_etcd.endpoints import Endpoint
-
-from .gateway import Json, TlsFiles
-from .per_process import PerProcess
-from .watch_stream import StreamBroken, Watch
 
 #: The most watches a process keeps per cluster for waits to come.
 MAX_PARKED = 64

@@ -20,10 +20,9 @@ import collections
 import threading
 from collections.abc import Callable, Sequence
 
+from tp_rdzv_etcd.client.gateway import Json, TlsFiles
+from tp_rdzv_etcd.client.per_process import PerProcess
 from tp_rdzv_etcd.endpoints import Endpoint
-
-from .gateway import Json, TlsFiles
-from .per_process import PerProcess
 
 #: Sends the reads of these keys, in one request; their range answers, in order.
 SendReads = Callable[[Sequence[bytes]], list[Json]]
