@@ -189,13 +189,14 @@ def section(alt: str) -> str:
         + " s.\n"
     )
     out.append(
-        "The threads of a process that wait for the same round share one read and one watch of "
-        "its outcome (`tp_rdzv_etcd.client.shared_waits`), and the reads of their answers that "
-        "come at once go in one transaction (`tp_rdzv_etcd.client.shared_reads`), so with a "
-        "hundred nodes or more per process the wait costs each node almost nothing. A node "
-        "alone in its process, as one agent per host runs, waits with a read of the outcome, a "
-        "watch (its create and its cancel) and a read of its answer: the N / N row counts "
-        "those, the others do not.\n"
+        "A node waits for its round's outcome with no request of its own: its process keeps a "
+        "copy of the run's outcomes (`tp_rdzv_etcd.client.shared.mirrors`), read in its first "
+        "transaction, before the round (set-up, not counted here), and kept by one watch. The "
+        "reads of their answers by the nodes of one process, coming at once, go in one "
+        "transaction (`tp_rdzv_etcd.client.shared.reads`). So a node alone in its process, as "
+        "one agent per host runs (the N / N row), costs its lease grant, its join and the read "
+        "of its answer; in a job's first round the nodes that join before the first of them "
+        "took the vacant steward lease also try to take it (a transaction each).\n"
     )
     out.append(f"One member (etcd {one.get('versions', {}).get('etcd', '?')}, {one['date']}):\n")
     out.append(markdown_table(header, _rows(one), ALIGN) + "\n")

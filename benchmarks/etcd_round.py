@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import re
 import sys
 import threading
@@ -114,11 +113,16 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
         lasting = next((m for m in cluster.members if m is not leader), leader).pid
         assert lasting is not None
         store = "etcd-v2" if torch else "etcd"
-        # etcd's counters as the last node returned, before the bench checks the
-        # round (each process then reads the roster once: not the round's cost).
-        process = StoreProcess(
-            cluster.endpoints, lasting, store=store, requests=functools.partial(received, cluster)
-        )
+        # etcd's counters and CPU as the round starts and as the last node returned,
+        # before the bench checks the round (each process then reads the roster
+        # once: not the round's cost).
+        cpu_seen: list[float] = []
+
+        def requests_and_cpu() -> dict[str, int]:
+            cpu_seen.append(members_cpu(pids))
+            return received(cluster)
+
+        process = StoreProcess(cluster.endpoints, lasting, store=store, requests=requests_and_cpu)
         group = SpreadGroup(process, args.timeout, args.profile)
         try:
             for count in split(case.nodes, case.processes):
@@ -128,7 +132,6 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
                 for node in group.nodes:
                     node.tell("requests")  # set-up's requests are not the round's
                 group.collect("requests", group.slots, args.timeout)
-            cpu = members_cpu(pids)
             killed: dict[str, Any] = {}
             if args.kill_leader is not None:
                 timer = threading.Timer(args.kill_leader, _kill_leader, (cluster, killed))
@@ -136,7 +139,8 @@ def run_case(case: SpreadCase, args: argparse.Namespace, binary: str) -> dict[st
             result = group.first_round(case.nodes)
             if args.kill_leader is not None:
                 timer.join()  # the election's length noted
-            cpu = members_cpu(pids) + killed.get("cpu", 0.0) - cpu
+            # The killed member's CPU until the kill counts; members_cpu skips it after.
+            cpu = cpu_seen[-1] + killed.get("cpu", 0.0) - cpu_seen[0]
             # The killed member's counters went with it: its count until the kill.
             counted = dict(result.ops)
             for method, count in killed.get("requests", {}).items():

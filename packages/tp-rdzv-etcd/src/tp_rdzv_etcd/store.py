@@ -5,7 +5,9 @@ How each operation maps onto etcd (the key layout is in :mod:`.layout`):
 - ``set``/``multi_set`` are puts (one transaction for many keys); ``get``,
   ``wait_get``, ``wait`` and blocking ``queue_pop`` read, and when what they
   need is missing, watch from the revision right after that read, so no write
-  in between is missed; nothing polls.
+  in between is missed; nothing polls. ``wait_get`` of a key under a prefix
+  given to ``mirror_prefix`` is answered from the process's copy of those
+  keys, kept by one watch (:mod:`.client.shared.mirrors`).
 - ``add``, ``append`` and ``compare_set`` are transactions: ``add``/``append``
   compare the key's ``mod_revision`` with the one they read (and retry when
   someone wrote in between), ``compare_set`` compares the value itself.
