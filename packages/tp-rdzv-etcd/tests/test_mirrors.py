@@ -163,6 +163,24 @@ def test_the_backends_store_mirrors_the_runs_outcomes(
         assert asked == ["/v3/kv/put"]
 
 
+def test_the_mirror_goes_with_the_last_handle_that_asked_for_it(
+    etcd1: LocalEtcd, count_requests: Any
+) -> None:
+    waiter, writer = _stores(etcd1, transport="grpc")
+    with writer:
+        writer.set("r/0", "v")
+        with waiter:
+            with waiter.clone() as twin:
+                assert twin.wait_get("r/0") == b"v"  # started by the clone, held by both
+            asked, _ = count_requests()
+            assert waiter.wait_get("r/0") == b"v"
+            assert asked == []  # the clone's close left it to the first handle
+        with EtcdStore(etcd1.endpoints, writer.prefix, timeout=_BOUND, transport="grpc") as again:
+            again.mirror_prefix("r/")
+            assert again.wait_get("r/0") == b"v"
+            assert asked == ["/v3/kv/range", "watch"]  # the last close stopped it: a new one
+
+
 def test_an_empty_prefix_is_refused(etcd1: LocalEtcd) -> None:
     with (
         EtcdStore(etcd1.endpoints, "/mirrors/", timeout=_BOUND) as store,

@@ -306,10 +306,15 @@ class EtcdStore(Store):
         """A new handle on the same keys, with connections of its own."""
         twin = copy.copy(self)
         twin._connect()
+        for family in twin._mirrored:
+            twin._mirror(family).hold()
         return twin
 
     def close(self) -> None:
-        """Close this handle's connections."""
+        """Close this handle's connections (and let go of its mirrors)."""
+        mirrored, self._mirrored = self._mirrored, ()
+        for family in mirrored:
+            self._mirror(family).release()
         self._gateway.close()
 
     def __repr__(self) -> str:
@@ -320,17 +325,19 @@ class EtcdStore(Store):
         process's copy of them (:mod:`.client.shared.mirrors`), over gRPC.
 
         The copy is read once, in the handle's next transaction or its first
-        wait for such a key, and a watch keeps it for as long as the process
-        lives: waits for those keys then cost no request. For a small family of
+        wait for such a key, and one watch per process keeps it: waits for
+        those keys then cost no request. For a small family of
         keys each written once (a run's round outcomes), at most
         :data:`.client.shared.mirrors.MAX_KEYS` of them; a larger one is waited for
-        key by key. Clones made afterwards mirror it too.
+        key by key. Clones made afterwards mirror it too. The copy goes when the
+        last handle that asked for it closes.
         """
         raw = as_bytes(key_prefix, "key_prefix")
         if not raw:
             raise ValueError("a mirrored key prefix must not be empty")
         if raw not in self._mirrored:
             self._mirrored = (*self._mirrored, raw)
+            self._mirror(raw).hold()
 
     def _mirror_of(self, raw_key: bytes) -> Mirror | None:
         """This process's mirror that holds ``raw_key``; ``None`` if none does (or

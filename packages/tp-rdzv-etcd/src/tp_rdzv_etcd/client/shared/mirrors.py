@@ -4,11 +4,13 @@ Every node of a job waits for the same few keys: the outcomes of its run's
 rounds, one small value per round. Waiting for one alone costs etcd a read,
 then a watch's create and cancel; a node alone in its process (one agent per
 host) pays that every round. A mirror of the family instead reads it once and
-watches it from the revision after, for as long as the process lives: every
+watches it from the revision after, for as long as the process needs it: every
 later wait for a key of the family is answered from memory, with no request.
 
 The read rides on a transaction the store sends anyway where it can (the
-node's join), so a mirror costs one watch create per process and cluster.
+node's join), so a mirror costs one watch create per process and cluster. It
+lives while a handle that asked for it is open: the last to close cancels
+its watch.
 
 Only families whose keys are written once belong in a mirror: a wait answered
 from it may see a value up to one watch event old. A mirror whose watch ends
@@ -67,6 +69,10 @@ class Mirror:
         self._state = _State.IDLE
         self._values: dict[bytes, bytes] = {}
         self._bytes = 0  # of the keys and values held
+        self._holders = 0  # the open handles that asked for it
+        # Which watch feeds it: a reader of an earlier one changes nothing.
+        self._generation = 0
+        self._watch: Watch | None = None
 
     @property
     def serving(self) -> bool:
@@ -79,6 +85,24 @@ class Mirror:
             "range_end": base64.b64encode(self.end).decode("ascii"),
             "limit": str(MAX_KEYS),
         }
+
+    def hold(self) -> None:
+        """One more handle asks for the mirror."""
+        with self._changed:
+            self._holders += 1
+
+    def release(self) -> None:
+        """A handle that asked for the mirror closed; the last one stops it."""
+        with self._changed:
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            watch, self._watch = self._watch, None
+            if self._state is _State.LIVE:
+                self._generation += 1
+                self._settle(_State.IDLE, {})
+        if watch is not None:
+            watch.cancel()
 
     def claim_start(self) -> bool:
         """Whether the caller is to start the mirror (then it must call
@@ -107,9 +131,12 @@ class Mirror:
         if watch is None:
             self.abandon()
             return
-        self._settle(_State.LIVE, values)
+        with self._changed:
+            self._generation += 1
+            generation, self._watch = self._generation, watch
+            self._settle(_State.LIVE, values)
         threading.Thread(
-            target=self._follow, args=(watch,), name="tp-etcd-mirror", daemon=True
+            target=self._follow, args=(watch, generation), name="tp-etcd-mirror", daemon=True
         ).start()
 
     def abandon(self) -> None:
@@ -137,15 +164,18 @@ class Mirror:
             self._state, self._values, self._bytes = state, values, _size(values)
             self._changed.notify_all()
 
-    def _follow(self, watch: Watch) -> None:
-        """Apply the watch's events until it ends; then the mirror is idle."""
+    def _fed_by(self, generation: int) -> bool:
+        return self._generation == generation and self._state is _State.LIVE
+
+    def _follow(self, watch: Watch, generation: int) -> None:
+        """Apply the watch's events until it ends or is stopped; then the mirror is idle."""
         try:
-            while self.serving:
+            while self._fed_by(generation):
                 events = watch.next_events(time.monotonic() + _FOLLOW_SLICE, _every)
                 if events == []:
                     break  # the watch ended: compacted past, refused, or its stream broke
                 if events is not None:
-                    self._apply(events)
+                    self._apply(events, generation)
         except StreamBroken:
             pass
         except Exception as exc:  # a malformed answer: the next wait starts it again
@@ -153,11 +183,14 @@ class Mirror:
         finally:
             watch.cancel()
             with self._changed:
-                if self._state is _State.LIVE:
+                if self._fed_by(generation):
+                    self._watch = None
                     self._settle(_State.IDLE, {})
 
-    def _apply(self, events: list[Json]) -> None:
+    def _apply(self, events: list[Json], generation: int) -> None:
         with self._changed:
+            if not self._fed_by(generation):
+                return
             for event in events:
                 kv = event.get("kv") or {}
                 key = base64.b64decode(kv.get("key", ""))
@@ -168,6 +201,7 @@ class Mirror:
                     value = self._values[key] = base64.b64decode(kv.get("value", ""))
                     self._bytes += len(key) + len(value)
             if _too_large(len(self._values), self._bytes):
+                self._watch = None  # its reader stops, and cancels it
                 self._settle(_State.TOO_LARGE, {})
             else:
                 self._changed.notify_all()
