@@ -320,7 +320,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         join = Join(self._node, self._hint, asked)
         # Present before the join is posted (the steward watches whom it seats),
         # or in the same step, with the lease read in it too, where the store can.
-        offered, posted = self._presence.open(join)
+        offered, posted = self._presence.open(join, self._office.claim())
         if offered:
             # A renewal of the session from here on posts the join again.
             counter = self._presence.renewals

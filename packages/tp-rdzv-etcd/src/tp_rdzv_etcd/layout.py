@@ -48,6 +48,11 @@ def range_end(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
+def never_created(key: bytes) -> dict[str, str]:
+    """A transaction's compare: the etcd ``key`` does not exist."""
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
 def b64(raw: bytes) -> str:
     """``raw`` as the gateway's JSON carries bytes."""
     return base64.b64encode(raw).decode("ascii")

@@ -38,7 +38,7 @@ from tp_store.protocol import Limits
 
 from .client.gateway import Json, LeaseNotFoundError
 from .client.lease_stream import KeepAliveFailed, LeaseKeeper
-from .layout import b64, unb64
+from .layout import b64, never_created, unb64
 from .wills import Will, push_own
 
 if TYPE_CHECKING:
@@ -153,24 +153,44 @@ class EtcdSession(StoreSession):
         push_onto: Data,
         push: Data,
         get: Data,
+        claim: Data | None = None,
     ) -> bytes | None:
-        """:meth:`set_with_will`, a push and a read, in one transaction."""
+        """:meth:`set_with_will`, a push and a read (or with ``claim``, the claim of a
+        missing ``get``), in one transaction."""
         layout = self._store._layout
         etcd_key = layout.value(as_bytes(key, "key"))
         put = {"key": b64(etcd_key), "value": b64(as_bytes(value)), "lease": str(self.lease)}
         item = layout.new_queue_item(as_bytes(push_onto, "queue"))
         pushed = {"key": b64(item), "value": b64(as_bytes(push))}
-        read = {"key": b64(layout.value(as_bytes(get, "key")))}
+        read_key = layout.value(as_bytes(get, "key"))
+        ops: list[Json] = [{"request_put": put}, {"request_put": pushed}]
+        claimed = None if claim is None else as_bytes(claim)
+        if_missing = None
+        if claimed is not None:
+            taken = {"key": b64(read_key), "value": b64(claimed)}
+            if_missing = (read_key, [*ops, {"request_put": taken}])
         answer = self._write_will(
-            [{"request_put": put}, {"request_put": pushed}, {"request_range": read}],
+            [*ops, {"request_range": {"key": b64(read_key)}}],
             as_bytes(queue, "queue"),
             as_bytes(will),
+            if_missing=if_missing,
         )
+        if if_missing is not None and answer.get("succeeded"):
+            return claimed
         kvs = answer["responses"][2].get("response_range", {}).get("kvs")
         return unb64(kvs[0].get("value", "")) if kvs else None
 
-    def _write_will(self, also: list[Json], raw_queue: bytes, raw_value: bytes) -> Json:
-        """One transaction: the operations ``also``, then a will's record and mark; its answer."""
+    def _write_will(
+        self,
+        also: list[Json],
+        raw_queue: bytes,
+        raw_value: bytes,
+        *,
+        if_missing: tuple[bytes, list[Json]] | None = None,
+    ) -> Json:
+        """One transaction: the operations ``also``, then a will's record and mark; its
+        answer. With ``if_missing`` (an etcd key and operations), those operations
+        instead of ``also`` if that key is missing (the answer then succeeded)."""
         layout = self._store._layout
         with self._lock:
             if len(self._wills) >= self._max_wills:
@@ -179,8 +199,7 @@ class EtcdSession(StoreSession):
             self._numbered += 1
         self._renew_if_due()
         record = layout.will_record(raw_queue, self.lease, number)
-        puts: list[Json] = [
-            *also,
+        will: list[Json] = [
             {"request_put": {"key": b64(record), "value": b64(raw_value)}},
             {
                 "request_put": {
@@ -190,8 +209,14 @@ class EtcdSession(StoreSession):
                 }
             },
         ]
+        compare: list[Json] = []
+        success, failure = [*also, *will], None
+        if if_missing is not None:
+            missing, instead = if_missing
+            compare = [never_created(missing)]
+            success, failure = [*instead, *will], success
         try:
-            answer = self._store._txn([], puts)
+            answer = self._store._txn(compare, success, failure)
         except LeaseNotFoundError as exc:
             raise self._expired() from exc
         with self._lock:

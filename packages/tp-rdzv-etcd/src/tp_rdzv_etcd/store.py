@@ -65,7 +65,7 @@ from .client.shared.mirrors import NOT_SERVING, Mirror, mirror
 from .client.shared.reads import shared_reads
 from .client.transport import GrpcOrGateway
 from .endpoints import Endpoint, parse_endpoints
-from .layout import KeyLayout, b64, range_end, unb64
+from .layout import KeyLayout, b64, never_created, range_end, unb64
 from .session import EtcdSession
 from .wills import any_due, count_requests, push_due, wakes
 
@@ -120,11 +120,6 @@ def _put(key: bytes, value: bytes, lease: int = 0) -> Json:
 
 def _get(key: bytes) -> Json:
     return {"request_range": {"key": b64(key)}}
-
-
-def _never_created(key: bytes) -> Json:
-    """A transaction's compare: ``key`` does not exist."""
-    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
 def _watch_request(
@@ -662,7 +657,7 @@ class EtcdStore(Store):
             # An empty expected matches a missing key: usually the case (nodes racing to
             # create a key), so try creating it first, in the one transaction of a loser.
             answer = self._txn(
-                [_never_created(etcd_key)], [_put(etcd_key, raw_desired, lease)], [_get(etcd_key)]
+                [never_created(etcd_key)], [_put(etcd_key, raw_desired, lease)], [_get(etcd_key)]
             )
             if answer.get("succeeded"):
                 return raw_desired
@@ -695,7 +690,7 @@ class EtcdStore(Store):
                 return _kv(kv)[2]
             if raw_expected:
                 return raw_expected
-            created = self._txn([_never_created(etcd_key)], [_put(etcd_key, raw_desired, lease)])
+            created = self._txn([never_created(etcd_key)], [_put(etcd_key, raw_desired, lease)])
             if created.get("succeeded"):
                 return raw_desired
             # Created by someone else in between: decide again on their value.

@@ -121,11 +121,20 @@ class RendezvousBoard:
         with self._store_errors("announcing this node's presence"):
             session.set_with_will(self.keys.presence(node.key), token, self.keys.mailbox, gone)
 
-    def enter(self, session: StoreSession, node: _NodeDesc, token: str, join: Join) -> Lease | None:
+    def enter(
+        self,
+        session: StoreSession,
+        node: _NodeDesc,
+        token: str,
+        join: Join,
+        claim: bytes | None = None,
+    ) -> Lease | None:
         """:meth:`be_present`, :meth:`read_lease` and :meth:`post` ``join``, in one request
         where the store can; ``None``, with nothing done, where it cannot. The
         lease is what it held before the join was posted: as it was posted on
-        etcd (one transaction), read just before it on a tp-store server."""
+        etcd (one transaction), read just before it on a tp-store server; if it
+        was missing, the request wrote ``claim`` there (if given), and that is
+        returned."""
         gone = encode_message(Gone(node, token))
         with self._store_errors("announcing this node and posting its join"):
             try:
@@ -137,6 +146,7 @@ class RendezvousBoard:
                     push_onto=self.keys.mailbox,
                     push=encode_message(join),
                     get=self.keys.lease,
+                    claim=claim,
                 )
             except UnsupportedOperationError:
                 return None

@@ -72,20 +72,23 @@ class NodePresence:
         session = self._session
         return session is not None and not session.ended
 
-    def open(self, join: Join | None = None) -> tuple[bool, Lease | None]:
+    def open(
+        self, join: Join | None = None, claim: bytes | None = None
+    ) -> tuple[bool, Lease | None]:
         """Be present, if the store offers sessions: whether it does, and the lease
         if ``join`` was posted too.
 
         On its first call, where the store can, the presence is announced, the
         lease read and ``join`` posted in one request
-        (:meth:`RendezvousBoard.enter`). Otherwise
+        (:meth:`RendezvousBoard.enter`), which writes ``claim`` as the lease if
+        it is missing. Otherwise
         (present already, no sessions, or a store that cannot) nothing is
         posted, and the lease is ``None``.
 
         Raises :class:`~tp_rdzv_api.RendezvousConnectionError` if the store failed.
         """
         with self._lock:
-            lease = self._open(join) if self._offered is None else None
+            lease = self._open(join, claim) if self._offered is None else None
             return bool(self._offered), lease
 
     def keep_alive(self) -> None:
@@ -113,7 +116,7 @@ class NodePresence:
                         node=self._node,
                     )
             if self._offered:
-                self._open(None)
+                self._open(None, None)
                 self.renewals += 1
 
     def close(self) -> None:
@@ -124,7 +127,7 @@ class NodePresence:
             with contextlib.suppress(StoreError):
                 session.close()
 
-    def _open(self, join: Join | None) -> Lease | None:
+    def _open(self, join: Join | None, claim: bytes | None) -> Lease | None:
         """Open a session and be present through it, posting ``join`` with it where
         the store can: then the lease read in that step (the lock held)."""
         session = self._board.attach_session(self._timeout, "this node's presence session")
@@ -135,7 +138,9 @@ class NodePresence:
         # no system call, which would hand the GIL to another of the process's nodes.
         token = f"{random.getrandbits(128):032x}"
         try:
-            lease = None if join is None else self._board.enter(session, self._node, token, join)
+            lease = (
+                None if join is None else self._board.enter(session, self._node, token, join, claim)
+            )
             if lease is None:
                 self._board.be_present(session, self._node, token)
         except BaseException:

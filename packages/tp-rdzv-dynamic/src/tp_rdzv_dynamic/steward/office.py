@@ -5,7 +5,10 @@ Each node has one :class:`StewardOffice`. It reads the lease and takes it over
 sessions the store deletes the lease the moment its holder's session ends, so
 a dead steward's lease is vacant at once. A lease held without a session is
 judged on this host's monotonic clock instead, and taken over once it has
-stopped moving for the liveness bound. The office re-posts the node's join to
+stopped moving for the liveness bound. A node's first join may also claim a
+missing lease in the same request (:meth:`StewardOffice.claim`), so that in a
+job's first round one node takes it and the others need no compare-and-set of
+their own. The office re-posts the node's join to
 every new steward, and starts and stops the steward thread. That thread holds the lease through a
 :class:`~.tenure.Tenure`, which writes every later value of it. No other code writes the
 lease (its codec is :class:`~tp_rdzv_dynamic.documents.codecs.Lease`).
@@ -68,6 +71,7 @@ class StewardOffice:
         self._epoch = -1
         self._lease: Lease | None = None  # as this node last read or took it
         self._posted_epoch = -1  # the epoch of the steward the last join went to
+        self._claim: bytes | None = None  # what the join under way claims if the lease is missing
         self._lock = threading.RLock()
 
     @property
@@ -99,11 +103,24 @@ class StewardOffice:
         with self._lock:
             return self._watch(now, rejoin, self._board)
 
+    def claim(self) -> bytes:
+        """The lease this node's first join writes if it finds the lease missing
+        (:meth:`RendezvousBoard.enter`): what taking it over would write."""
+        with self._lock:
+            self._claim = self._taken_from(Lease.parse(b""))
+            return self._claim
+
     def posted(self, read: Lease, now: float) -> Lease:
         """As :meth:`watch`, for the lease ``read`` in the request that posted this
-        node's join, before the post (:meth:`RendezvousBoard.enter`)."""
+        node's join, before the post (:meth:`RendezvousBoard.enter`); if that
+        request claimed the missing lease, this node takes office."""
         with self._lock:
-            lease = self._watch(now, None, self._board, read)
+            claimed, self._claim = self._claim, None
+            if claimed is not None and read.raw == claimed:
+                self._note(read, now)
+                lease = self._take_office(self._board, claimed, now)
+            else:
+                lease = self._watch(now, None, self._board, read)
             # The join went to the steward then in office (or to a later one, which
             # gets it again when seen: a repeat is a no-op); posted while the lease
             # was vacant, it waits in the mailbox for whoever took office since.
@@ -156,13 +173,23 @@ class StewardOffice:
 
         ``suspect`` names the holder of a lease taken for its silence.
         """
-        desired = Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
+        desired = self._taken_from(lease)
         held = board.swap_lease(lease.raw, desired)
         if held != desired:
             # Another node was faster: it is the steward now (the answer names it).
             winner = Lease.parse(held)
             self._note(winner, now)
             return winner
+        return self._take_office(board, desired, now, suspect)
+
+    def _taken_from(self, lease: Lease) -> bytes:
+        """The lease this node writes to take over from ``lease``."""
+        return Lease.encode(lease.epoch + 1, self._node.key, 0, lease.round)
+
+    def _take_office(
+        self, board: RendezvousBoard, desired: bytes, now: float, suspect: str | None = None
+    ) -> Lease:
+        """Start deciding under the lease ``desired``, which this node just wrote."""
         self.stop(board)
         board = self._board.clone("the steward's connection")
         tenure = Tenure(board, self._node.key, desired, self._bound)

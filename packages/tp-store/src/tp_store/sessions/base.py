@@ -97,13 +97,19 @@ class StoreSession(abc.ABC):
         push_onto: Data,
         push: Data,
         get: Data,
+        claim: Data | None = None,
     ) -> bytes | None:
         """:meth:`set_with_will`, a read of ``get``, then ``Store.queue_push(push_onto,
         push)``, as one request.
 
         Returns what ``get`` held before the push (``None``: it was missing). So
         a client can announce itself, learn the state its request will be read
-        in (or one just before), and post the request, in one request. etcd
+        in (or one just before), and post the request, in one request. With
+        ``claim``, a missing ``get`` is set to ``claim`` in the same request
+        (after the read, before the push; a plain key, not the session's), and
+        ``claim`` is returned: so the first of many clients that find it
+        missing takes it, and the others learn who did, without a request of
+        their own. etcd
         does the three as one atomic step (one transaction): no other client's
         write comes between them. A tp-store server gets them in one send and
         applies them in that order, each as it comes: another client's write

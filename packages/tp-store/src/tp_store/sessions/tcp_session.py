@@ -120,15 +120,19 @@ class TCPSession(StoreSession):
         push_onto: Data,
         push: Data,
         get: Data,
+        claim: Data | None = None,
     ) -> bytes | None:
         """:meth:`set_with_will`, a read of ``get`` and the push, in one send and one reply.
 
         The server applies them in that order, each as it comes: another
-        client's write may come between the read and the push.
+        client's write may come between the read and the push. The read is a
+        compare-and-set that never matches, or with ``claim`` one from empty
+        to ``claim`` (an empty value counts as missing).
         """
+        expected, desired = (_MISSING, _MISSING) if claim is None else (b"", as_bytes(claim))
         request = b"".join((
             self._set_with_will_frames(key, value, queue, will),
-            CompareSet.frame(self._key(get), _MISSING, _MISSING),
+            CompareSet.frame(self._key(get), expected, desired),
             QueuePush(self._key(push_onto), as_bytes(push)).encode(),
         ))  # fmt: skip
         held = self._call(

@@ -213,6 +213,7 @@ class _PrefixSession(StoreSession):
         push_onto: Data,
         push: Data,
         get: Data,
+        claim: Data | None = None,
     ) -> bytes | None:
         """``set_with_will_push_and_get`` of the prefixed keys, if the underlying session can."""
         return self._session.set_with_will_push_and_get(
@@ -223,6 +224,7 @@ class _PrefixSession(StoreSession):
             push_onto=self._key(push_onto),
             push=as_bytes(push),
             get=self._key(get),
+            claim=None if claim is None else as_bytes(claim),
         )
 
     def keep_alive(self) -> None:

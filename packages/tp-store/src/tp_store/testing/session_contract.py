@@ -123,6 +123,32 @@ class StoreSessionContract:
             announce("lease")
         assert pushed(observer, "mailbox") == [b"a joins"]  # the second call's push only
 
+    def test_set_with_will_push_and_get_claims_only_a_missing_key(self, harness: Harness) -> None:
+        store, observer = harness.store, harness.handle()
+        store.set("lease", "held by b")
+        first, second = store.open_session(LONG), harness.handle().open_session(LONG)
+
+        def announce(session: StoreSession, name: str, get: str) -> bytes | None:
+            return session.set_with_will_push_and_get(
+                f"present/{name}", "token", "departures", f"{name} left",
+                push_onto="mailbox", push=f"{name} joins", get=get, claim=f"taken by {name}",
+            )  # fmt: skip
+
+        try:
+            assert announce(first, "a", "lease") == b"held by b"  # there: read, not claimed
+        except UnsupportedOperationError:
+            first.close()
+            second.close()
+            return
+        assert announce(first, "a", "vacant") == b"taken by a"
+        assert announce(second, "c", "vacant") == b"taken by a"  # it learns who took it
+        assert pushed(observer, "mailbox") == [b"a joins", b"a joins", b"c joins"]
+        first.close()
+        second.close()
+        # A plain key: it stays when the session that claimed it ends.
+        assert observer.get("lease") == b"held by b"
+        assert observer.get("vacant") == b"taken by a"
+
     def test_close_is_idempotent_and_ends_every_use(self, store: Store) -> None:
         session = store.open_session(LONG)
         session.add_will("departures", "gone")
