@@ -195,8 +195,8 @@ def section(alt: str) -> str:
         "reads of their answers by the nodes of one process, coming at once, go in one "
         "transaction (`tp_rdzv_etcd.client.shared.reads`). So a node alone in its process, as "
         "one agent per host runs (the N / N row), costs its lease grant, its join and the read "
-        "of its answer; in a job's first round the nodes that join before the first of them "
-        "took the vacant steward lease also try to take it (a transaction each).\n"
+        "of its answer. In a job's first round the first join takes the vacant steward lease "
+        "in its own transaction, and the others read who did.\n"
     )
     out.append(f"One member (etcd {one.get('versions', {}).get('etcd', '?')}, {one['date']}):\n")
     out.append(markdown_table(header, _rows(one), ALIGN) + "\n")
