@@ -71,7 +71,6 @@ class StewardOffice:
         self._epoch = -1
         self._lease: Lease | None = None  # as this node last read or took it
         self._posted_epoch = -1  # the epoch of the steward the last join went to
-        self._claim: bytes | None = None  # what the join under way claims if the lease is missing
         self._lock = threading.RLock()
 
     @property
@@ -106,19 +105,16 @@ class StewardOffice:
     def claim(self) -> bytes:
         """The lease this node's first join writes if it finds the lease missing
         (:meth:`RendezvousBoard.enter`): what taking it over would write."""
-        with self._lock:
-            self._claim = self._taken_from(Lease.parse(b""))
-            return self._claim
+        return self._taken_from(Lease.parse(b""))
 
     def posted(self, read: Lease, now: float) -> Lease:
         """As :meth:`watch`, for the lease ``read`` in the request that posted this
         node's join, before the post (:meth:`RendezvousBoard.enter`); if that
         request claimed the missing lease, this node takes office."""
         with self._lock:
-            claimed, self._claim = self._claim, None
-            if claimed is not None and read.raw == claimed:
+            if read.raw == self.claim():
                 self._note(read, now)
-                lease = self._take_office(self._board, claimed, now)
+                lease = self._take_office(self._board, read.raw, now)
             else:
                 lease = self._watch(now, None, self._board, read)
             # The join went to the steward then in office (or to a later one, which

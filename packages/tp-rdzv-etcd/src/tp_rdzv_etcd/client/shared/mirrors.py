@@ -74,10 +74,6 @@ class Mirror:
         self._generation = 0
         self._watch: Watch | None = None
 
-    @property
-    def serving(self) -> bool:
-        return self._state is _State.LIVE
-
     def range_request(self) -> Json:
         """The read of the family that starts the mirror (the gateway's shape)."""
         return {
