@@ -13,7 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from report_parts import OURS_COLOR, TORCH_COLOR, escape, markdown_table, pyplot, save
+from report_parts import (
+    MYPYC_COLOR,
+    OURS_COLOR,
+    TORCH_COLOR,
+    escape,
+    markdown_table,
+    pyplot,
+    save,
+)
 
 HERE = Path(__file__).resolve().parent
 STORM_JSON = HERE / "results" / "storm_bench.json"
@@ -42,8 +50,21 @@ def _cpu(side: dict[str, Any]) -> str:
     return f"{side['server_cpu']:.2f}"
 
 
+def _against_torch(side: dict[str, Any], trials: int) -> str:
+    """CPU over torch's (of the medians), and in how many trials it was at most torch's."""
+    ratio = f"x{side['ratio_cpu']:.2f}"
+    if "trials_cpu_at_most_torch" in side:
+        return f"{ratio} (at most torch's in {side['trials_cpu_at_most_torch']} of {trials})"
+    return ratio
+
+
+def _trials(size: dict[str, Any]) -> int:
+    return sum(1 for trial in size["trials"] if trial["server"] == "torch")
+
+
 def storm_table(storm: dict[str, Any]) -> str:
     floor = any("floor" in size for size in storm["sizes"])
+    mypyc = any("ours-mypyc" in size for size in storm["sizes"])
     rows = []
     for size in storm["sizes"]:
         ours, torch = size["ours"], size["torch"]
@@ -55,8 +76,18 @@ def storm_table(storm: dict[str, Any]) -> str:
             f"x{size['ratio_seconds']:.2f}",
             f"{ours['connect_phase']:.2f} / {torch['connect_phase']:.2f} s",
             f"{_cpu(ours)} / {_cpu(torch)} s",
-            f"x{size['ratio_cpu']:.2f}",
+            _against_torch(ours, _trials(size))
+            if "ratio_cpu" in ours
+            else f"x{size['ratio_cpu']:.2f}",
         ]
+        if mypyc:
+            side = size.get("ours-mypyc")
+            row.append(
+                f"{side['seconds']:.2f} s, CPU {_cpu(side)} s, "
+                f"{_against_torch(side, _trials(size))}"
+                if side
+                else ""
+            )
         if floor:
             side = size.get("floor")
             row.append(f"{side['seconds']:.2f} s, CPU {_cpu(side)} s" if side else "")
@@ -70,6 +101,7 @@ def storm_table(storm: dict[str, Any]) -> str:
         "connect phase ours / torch",
         "server CPU ours / torch",
         "CPU ours/torch",
+        *(["ours, mypyc build (CPU over torch's)"] if mypyc else []),
         *(["floor (least a Python server on uvloop does)"] if floor else []),
         "DNS stalls ours / torch",
         "load",
@@ -134,13 +166,23 @@ def plot_storm(storm: dict[str, Any], path: Path) -> str:
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     labels = [f"{s['workers']:,}/{s['processes']}" for s in storm["sizes"]]
     places = range(len(labels))
+    if all("ours-mypyc" in size for size in storm["sizes"]):
+        width = 0.27
+        bars = [
+            (-width, "ours", OURS_COLOR),
+            (0, "ours-mypyc", MYPYC_COLOR),
+            (width, "torch", TORCH_COLOR),
+        ]
+    else:
+        width = 0.4
+        bars = [(-0.2, "ours", OURS_COLOR), (0.2, "torch", TORCH_COLOR)]
     for axis, key, title in (
         (left, "seconds", "time to the last worker done (s)"),
         (right, "server_cpu", "server CPU time (s)"),
     ):
-        for offset, side, color in ((-0.2, "ours", OURS_COLOR), (0.2, "torch", TORCH_COLOR)):
+        for offset, side, color in bars:
             values = [s[side][key] for s in storm["sizes"]]
-            axis.bar([p + offset for p in places], values, 0.4, label=side, color=color)
+            axis.bar([p + offset for p in places], values, width, label=side, color=color)
         axis.set_xticks(list(places), labels)
         axis.set_xlabel("workers / client processes")
         axis.set_title(title)
@@ -149,8 +191,8 @@ def plot_storm(storm: dict[str, Any], path: Path) -> str:
     plt.close(fig)
     return (
         "Bar charts of the bootstrap store's connect storm: time to the last worker done and "
-        "the server process's CPU time, ours in its child process against torch's libuv server, "
-        "for each number of workers"
+        "the server process's CPU time, ours in its child process (and from tp-store's mypyc "
+        "build, where run) against torch's libuv server, for each number of workers"
     )
 
 
@@ -176,6 +218,12 @@ def section(alts: dict[str, str]) -> str:
             f"`/etc/hosts` ({'done' if storm.get('private_hosts') else 'not done'} in this run). "
             "`python benchmarks/storm_bench.py`.\n"
         )
+        if any("ours-mypyc" in size for size in storm["sizes"]):
+            add(
+                "ours, mypyc build (`--compiled DIR`): the same child importing tp-store's "
+                "optional compiled build (its README), in the same run; the wheel we publish is "
+                "pure Python.\n"
+            )
         if any("floor" in size for size in storm["sizes"]):
             add(
                 "The floor (`--floor`, `storm_floor_server.py`) is the least a Python server "

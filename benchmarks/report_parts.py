@@ -19,6 +19,8 @@ from metrics import Metric
 OURS_COLOR = "#1f77b4"
 ETCD_COLOR = "#2ca02c"
 TORCH_COLOR = "#d62728"
+#: Ours from tp-store's optional mypyc build, beside the pure one.
+MYPYC_COLOR = "#6baed6"
 # Rows within this factor of each other are called even.
 EVEN = 1.05
 

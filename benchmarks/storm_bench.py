@@ -26,6 +26,7 @@ keeps the machine's file. The results say which, and how many stalls were seen.
     python benchmarks/storm_bench.py --sizes 1024/4 --trials 2
     python benchmarks/storm_bench.py --sizes 8192/16 --trials 1 --profile /tmp/storm.txt
     python benchmarks/storm_bench.py --floor --syscalls    # with the floor, syscalls per worker
+    python benchmarks/storm_bench.py --compiled DIR        # our child from a mypyc build too
 
 Every process it starts is ended before it exits, also on failure.
 """
@@ -129,6 +130,31 @@ class OurServer:
 
     def close(self) -> None:
         self._process.stop()
+
+
+class CompiledServer(OurServer):
+    """The same child, importing tp_store from a mypyc build (``--compiled DIR``)."""
+
+    name = "ours-mypyc"
+    build: Path | None = None
+
+    def __init__(self, prefix: list[str]) -> None:
+        assert self.build is not None, "--compiled names the build"
+        build = str(self.build)
+        # The child inherits the agent's environment: the build goes first on its path.
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (build, saved) if p)
+        try:
+            super().__init__(prefix)
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
+        # It has imported the server to answer: a build it did not load is an error.
+        if build not in Path(f"/proc/{self.pid}/maps").read_text():
+            self.close()
+            raise RuntimeError(f"the bootstrap child loaded no compiled module from {build}")
 
 
 class TorchServer:
@@ -323,7 +349,7 @@ def run_size(
         for index in range(trials):
             for server_class in servers if index % 2 == 0 else servers[::-1]:
                 out = profile and profile.with_name(f"{profile.stem}-{workers}-{index}.txt")
-                result = trial(server_class, clients, workers, prefix, out)
+                result = trial(server_class, clients, workers, prefix, out) | {"index": index}
                 print(f"  {workers}/{processes} trial {index}: {json.dumps(result)}", flush=True)
                 results.append(result)
         if syscalls:
@@ -347,8 +373,21 @@ def run_size(
                 "server_sys",
             )
         } | {"stalls": sum(r["stalls"] for r in mine), "failed": sum(r["failed"] for r in mine)}
-    summary["ratio_seconds"] = summary["ours"]["seconds"] / summary["torch"]["seconds"]
-    summary["ratio_cpu"] = summary["ours"]["server_cpu"] / summary["torch"]["server_cpu"]
+    torch = summary["torch"]
+    torch_cpu = {r["index"]: r["server_cpu"] for r in results if r["server"] == "torch"}
+    for server_class in servers:
+        if server_class is not TorchServer:
+            side = summary[server_class.name]
+            side["ratio_seconds"] = side["seconds"] / torch["seconds"]
+            side["ratio_cpu"] = side["server_cpu"] / torch["server_cpu"]
+            # Medians hide how often: the trials whose CPU was at most torch's next to it.
+            side["trials_cpu_at_most_torch"] = sum(
+                1
+                for r in results
+                if r["server"] == server_class.name and r["server_cpu"] <= torch_cpu[r["index"]]
+            )
+    summary["ratio_seconds"] = summary["ours"]["ratio_seconds"]
+    summary["ratio_cpu"] = summary["ours"]["ratio_cpu"]
     return summary
 
 
@@ -369,6 +408,13 @@ def main(argv: list[str] | None = None) -> int:
         "--floor",
         action="store_true",
         help="also run storm_floor_server.py: the least a Python server on uvloop costs",
+    )
+    parser.add_argument(
+        "--compiled",
+        type=Path,
+        metavar="DIR",
+        help="also run our server from a mypyc build of tp_store installed in DIR "
+        "(tp-store's README)",
     )
     parser.add_argument(
         "--syscalls",
@@ -397,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
             workers, processes = map(int, size.split("/"))
             print(f"storm of {workers} workers over {processes} processes", flush=True)
             servers: tuple[ServerClass, ...] = (OurServer, TorchServer)
+            if args.compiled:
+                CompiledServer.build = args.compiled.resolve()
+                servers += (CompiledServer,)
             if args.floor:
                 servers += (FloorServer,)
             sizes.append(
@@ -415,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "storm_bench",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": host,
-        "versions": versions(("ours", "torch")),
+        "versions": versions(("ours", "torch"))
+        | ({"tp_store (mypyc build)": str(args.compiled)} if args.compiled else {}),
         "private_hosts": prefix is not None,
         "sizes": sizes,
     }
@@ -435,12 +485,18 @@ def main(argv: list[str] | None = None) -> int:
             f" | x{s['ratio_cpu']:.2f} | {ours['stalls']} / {torch['stalls']} |"
         )
     for s in sizes:
-        for name in ("ours", "torch", "floor"):
+        for name in ("ours", "torch", "ours-mypyc", "floor"):
             if name in s:
                 side = s[name]
+                against = (
+                    f", CPU x{side['ratio_cpu']:.2f} torch's (at most torch's in "
+                    f"{side['trials_cpu_at_most_torch']} of {args.trials} trials)"
+                    if "ratio_cpu" in side
+                    else ""
+                )
                 print(
                     f"{s['workers']}/{s['processes']} {name}: {side['seconds']:.2f} s, server CPU "
-                    f"user {side['server_user']:.3f} + sys {side['server_sys']:.3f} s"
+                    f"user {side['server_user']:.3f} + sys {side['server_sys']:.3f} s{against}"
                 )
         for name, counts in s.get("syscalls_per_worker", {}).items():
             print(f"{s['workers']}/{s['processes']} {name} syscalls per worker: {counts}")
