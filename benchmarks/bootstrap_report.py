@@ -90,7 +90,10 @@ def storm_table(storm: dict[str, Any]) -> str:
             )
         if floor:
             side = size.get("floor")
-            row.append(f"{side['seconds']:.2f} s, CPU {_cpu(side)} s" if side else "")
+            against = (
+                f", {_against_torch(side, _trials(size))}" if side and "ratio_cpu" in side else ""
+            )
+            row.append(f"{side['seconds']:.2f} s, CPU {_cpu(side)} s{against}" if side else "")
         row += [f"{ours['stalls']} / {torch['stalls']}", f"{min(loads):.0f}-{max(loads):.0f}"]
         rows.append(row)
     header = [
@@ -220,9 +223,9 @@ def section(alts: dict[str, str]) -> str:
         )
         if any("ours-mypyc" in size for size in storm["sizes"]):
             add(
-                "ours, mypyc build (`--compiled DIR`): the same child importing tp-store's "
-                "optional compiled build (its README), in the same run; the wheel we publish is "
-                "pure Python.\n"
+                "The column *ours, mypyc build* (`--compiled DIR`) is the same child importing "
+                "tp-store's optional compiled build (its README), in the same trials; the wheel "
+                "we publish is pure Python.\n"
             )
         if any("floor" in size for size in storm["sizes"]):
             add(
