@@ -52,10 +52,10 @@ def _cpu(side: dict[str, Any]) -> str:
 
 def _against_torch(side: dict[str, Any], trials: int) -> str:
     """CPU over torch's (of the medians), and in how many trials it was at most torch's."""
-    ratio = f"x{side['ratio_cpu']:.2f}"
-    if "trials_cpu_at_most_torch" in side:
-        return f"{ratio} (at most torch's in {side['trials_cpu_at_most_torch']} of {trials})"
-    return ratio
+    return (
+        f"x{side['ratio_cpu']:.2f} (at most torch's in {side['trials_cpu_at_most_torch']} "
+        f"of {trials})"
+    )
 
 
 def _trials(size: dict[str, Any]) -> int:
@@ -76,9 +76,7 @@ def storm_table(storm: dict[str, Any]) -> str:
             f"x{size['ratio_seconds']:.2f}",
             f"{ours['connect_phase']:.2f} / {torch['connect_phase']:.2f} s",
             f"{_cpu(ours)} / {_cpu(torch)} s",
-            _against_torch(ours, _trials(size))
-            if "ratio_cpu" in ours
-            else f"x{size['ratio_cpu']:.2f}",
+            _against_torch(ours, _trials(size)),
         ]
         if mypyc:
             side = size.get("ours-mypyc")
@@ -90,10 +88,12 @@ def storm_table(storm: dict[str, Any]) -> str:
             )
         if floor:
             side = size.get("floor")
-            against = (
-                f", {_against_torch(side, _trials(size))}" if side and "ratio_cpu" in side else ""
+            row.append(
+                f"{side['seconds']:.2f} s, CPU {_cpu(side)} s, "
+                f"{_against_torch(side, _trials(size))}"
+                if side
+                else ""
             )
-            row.append(f"{side['seconds']:.2f} s, CPU {_cpu(side)} s{against}" if side else "")
         row += [f"{ours['stalls']} / {torch['stalls']}", f"{min(loads):.0f}-{max(loads):.0f}"]
         rows.append(row)
     header = [
