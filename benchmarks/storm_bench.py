@@ -58,6 +58,7 @@ _READY_TIMEOUT = 600.0
 _TRIAL_TIMEOUT = 600.0
 _CLIENT_TIMEOUT = timedelta(seconds=300)
 _UNIQUE_ID = b"u" * 128  # the size of NCCL's unique id
+_TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU times count these per second
 
 
 # -- the client processes ---------------------------------------------------------
@@ -109,11 +110,11 @@ def storm(store_class: Any, host: str, port: int, total: int, count: int) -> dic
 
 
 # -- the servers ----------------------------------------------------------------
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """User and system CPU time of process ``pid`` (all its threads) so far."""
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """User and system CPU time of process ``pid`` (all its threads) so far, in clock
+    ticks: whole numbers, so that equal times compare equal once in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    return int(fields[11]), int(fields[12])
 
 
 class OurServer:
@@ -276,10 +277,10 @@ def trial(
     try:
         if profile is not None and server_class is OurServer:
             sampler = profiler(server.pid, profile)
-        user, system = cpu_seconds(server.pid)
+        user, system = cpu_ticks(server.pid)
         load = os.getloadavg()[0]
         reports = clients.storm(server.port, total)
-        user_after, system_after = cpu_seconds(server.pid)
+        user_after, system_after = cpu_ticks(server.pid)
     finally:
         if sampler is not None:
             sampler.send_signal(signal.SIGINT)
@@ -291,9 +292,9 @@ def trial(
         "seconds": max(report["last_done"] for report in reports),
         "connect_phase": max(connects),
         "connect_median": statistics.median(connects),
-        "server_cpu": user_after - user + system_after - system,
-        "server_user": user_after - user,
-        "server_sys": system_after - system,
+        "server_cpu": (user_after - user + system_after - system) / _TICK,
+        "server_user": (user_after - user) / _TICK,
+        "server_sys": (system_after - system) / _TICK,
         "stalls": sum(1 for c in connects if c > STALL_SECONDS),
         "failed": sum(report["failed"] for report in reports),
         "errors": [e for report in reports for e in report["errors"]][:5],
@@ -438,13 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = []
     with tempfile.TemporaryDirectory() as scratch:
         prefix = None if args.system_hosts else private_hosts_prefix(Path(scratch))
+        if args.compiled:
+            CompiledServer.build = args.compiled.resolve()
         print(f"clients' /etc/hosts: {'private' if prefix else 'the machine'}'s", flush=True)
         for size in args.sizes.split(","):
             workers, processes = map(int, size.split("/"))
             print(f"storm of {workers} workers over {processes} processes", flush=True)
             servers: tuple[ServerClass, ...] = (OurServer, TorchServer)
             if args.compiled:
-                CompiledServer.build = args.compiled.resolve()
                 servers += (CompiledServer,)
             if args.floor:
                 servers += (FloorServer,)
